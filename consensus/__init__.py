@@ -1,0 +1,1 @@
+"""Robust aggregation rules and Byzantine attacks, in pure torch."""

@@ -1,0 +1,1 @@
+"""Per-node decentralized update rules and compressors, shared by the simulator and the peer."""

@@ -1,0 +1,1 @@
+"""The networked gossip peer (not built yet: see issue 6)."""

@@ -1,0 +1,1 @@
+"""The vectorized n-peer network simulator (not built yet: see issue 5)."""

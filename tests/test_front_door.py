@@ -1,0 +1,58 @@
+"""The `gossipnet` command, the package layout and the layering contracts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_help_lists_every_subcommand() -> None:
+    from gossipnet.cli import SUBCOMMANDS
+
+    result = run(str(BIN / "gossipnet"), "--help")
+    assert result.returncode == 0, result.stderr
+    for name in SUBCOMMANDS:
+        assert f"  {name}  " in result.stdout or f"  {name} " in result.stdout
+
+
+def test_unknown_subcommand_exits_2_and_lists_choices() -> None:
+    result = run(str(BIN / "gossipnet"), "no-such-command")
+    assert result.returncode == 2
+    assert "invalid choice: 'no-such-command'" in result.stderr
+    assert "topology" in result.stderr
+
+
+def test_python_dash_m_matches_console_script() -> None:
+    result = run(sys.executable, "-m", "gossipnet", "--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("gossipnet ")
+
+
+def test_import_linter_contracts_hold() -> None:
+    result = run(str(BIN / "lint-imports"), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("package", ["topologies", "workloads", "consensus", "gossip", "peer"])
+def test_packages_do_not_pull_in_matplotlib(package: str) -> None:
+    """An edge device installs the peer without the plotting stack: plotting is lazy."""
+    code = f"import sys, {package}; import pkgutil, importlib\n" + (
+        f"for m in pkgutil.walk_packages({package}.__path__, '{package}.'):\n"
+        "    if not m.name.endswith('.__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print('matplotlib' in sys.modules)"
+    )
+    result = run(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,1 @@
+"""What peers train: data sets (no download at run time), partitions across peers, small models."""
