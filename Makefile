@@ -11,7 +11,7 @@ STAMP := $(VENV)/.gossipnet-installed
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -qq -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)
