@@ -1,0 +1,393 @@
+"""The batched engine: n copies of one model as a single ``[n, d]`` tensor.
+
+All peers' parameters live in one stacked leaf ``params [n, d]``; gradients for every
+peer come from one ``torch.func.vmap(torch.func.grad(loss))`` call over per-peer batches
+``x [n, B, ...]``, ``y [n, B]``; one torch optimizer over the stacked leaf is the n per-peer
+optimizers at once (SGD, momentum and Adam are elementwise, which ``tests/sim`` checks
+against :class:`sim.reference.ReferencePeers`, one ``nn.Module`` and optimizer per peer).
+
+Mixing reads neighbours by gather, ``params[index] -> [n, k, d]``, from a
+``topologies.NeighbourTable`` and hands them to a ``consensus`` aggregator: the cost is
+O(n * k * d), never a dense n x n product.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+LossFunction = Callable[[Tensor, Tensor], Tensor]
+
+
+class ModelNotBatchableError(TypeError):
+    """A user model that ``torch.func.vmap`` cannot run over a stack of peers."""
+
+
+class NeighbourTableLike(Protocol):
+    """What :func:`gather_mix` reads from a ``topologies.NeighbourTable``."""
+
+    index: np.ndarray
+    weight: np.ndarray
+    mask: np.ndarray
+
+
+class AggregatorLike(Protocol):
+    """The ``consensus.Aggregator`` protocol (vector convention, batched over nodes)."""
+
+    def __call__(
+        self, own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None = None
+    ) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class ParameterLayout:
+    """Where each named parameter of a model sits in the flat vector of length ``dim``."""
+
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    offsets: tuple[int, ...]
+    dim: int
+
+    @classmethod
+    def of(cls, module: nn.Module) -> ParameterLayout:
+        names, shapes, offsets = [], [], []
+        offset = 0
+        for name, parameter in module.named_parameters():
+            names.append(name)
+            shapes.append(parameter.shape)
+            offsets.append(offset)
+            offset += parameter.numel()
+        if offset == 0:
+            raise ValueError("model: has no parameters to train (numel 0)")
+        return cls(tuple(names), tuple(shapes), tuple(offsets), offset)
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Views of a flat ``[d]`` vector shaped as the model's parameters (no copy)."""
+        return {
+            name: flat.narrow(0, offset, math.prod(shape)).view(shape)
+            for name, shape, offset in zip(self.names, self.shapes, self.offsets)
+        }
+
+    def flatten(self, module: nn.Module) -> Tensor:
+        """The module's parameters concatenated in layout order, as one new ``[d]`` tensor."""
+        parameters = dict(module.named_parameters())
+        return torch.cat([parameters[name].detach().reshape(-1) for name in self.names])
+
+
+def _seeded_copy(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return factory()
+
+
+class BatchedPeers:
+    """n peers of one model architecture, trained as one ``[n, d]`` tensor.
+
+    The gradient of every peer's loss on its own batch in one call,
+    ``g_i = ∇_x ℓ(f(x_i; X_i), Y_i)`` for i = 1..n, via ``vmap(grad(ℓ ∘ functional_call))``
+    (Horace He and Richard Zou, *functorch*, 2021; the torch.func API).
+
+    Args:
+        model: a factory ``() -> nn.Module`` (called under ``seed`` so initial weights are
+            reproducible) or a module to copy.
+        n: number of peers (>= 1).
+        init: ``"same"`` (every peer starts from the same weights, as in D-PSGD) or
+            ``"independent"`` (peer i is built under seed ``seed + i``).
+        seed: seeds the initial weights.
+        loss: ``loss(logits [B, C], targets [B]) -> scalar``; cross entropy by default.
+
+    Example::
+
+        peers = BatchedPeers(lambda: nn.Linear(10, 3), n=16, seed=0)
+        loss, grads = peers.gradients(x, y)        # x [16, B, 10], y [16, B]
+        peers.params.grad = grads
+        optimizer = torch.optim.SGD([peers.params], lr=0.1, momentum=0.9)
+        optimizer.step()                            # 16 per-peer SGD steps at once
+    """
+
+    def __init__(
+        self,
+        model: Callable[[], nn.Module] | nn.Module,
+        n: int,
+        *,
+        init: str = "same",
+        seed: int = 0,
+        loss: LossFunction | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n: number of peers must be an integer >= 1, got {n!r}")
+        if init not in ("same", "independent"):
+            raise ValueError(f"init: must be one of 'same', 'independent', got {init!r}")
+        if isinstance(model, nn.Module):
+            template = model
+            factory: Callable[[], nn.Module] | None = None
+        elif callable(model):
+            factory = model
+            template = _seeded_copy(factory, seed)
+            if not isinstance(template, nn.Module):
+                raise TypeError(f"model: factory must return an nn.Module, got {type(template)}")
+        else:
+            raise TypeError(f"model: expected an nn.Module or a factory, got {type(model)}")
+        self.n = n
+        self.template = template
+        self.layout = ParameterLayout.of(template)
+        self.loss: LossFunction = loss if loss is not None else nn.functional.cross_entropy
+        self.buffers = {name: b.detach() for name, b in template.named_buffers()}
+        first = self.layout.flatten(template).to(dtype)
+        if init == "same":
+            stacked = first.unsqueeze(0).repeat(n, 1)
+        else:
+            if factory is None:
+                raise ValueError("init: 'independent' needs a model factory, not a module")
+            stacked = torch.empty(n, self.layout.dim, dtype=dtype)
+            stacked[0] = first
+            for i in range(1, n):  # construction only, once per run
+                stacked[i] = self.layout.flatten(_seeded_copy(factory, seed + i)).to(dtype)
+        self.params: Tensor = stacked
+        self._grad_fn = vmap(grad_and_value(self._loss_of_flat), in_dims=(0, 0, 0))
+        self._forward_shared = vmap(self._forward_flat, in_dims=(0, None))
+        self._forward_own = vmap(self._forward_flat, in_dims=(0, 0))
+        self._checked = False
+
+    @property
+    def dim(self) -> int:
+        """d, the number of parameters of one peer's model."""
+        return self.layout.dim
+
+    def _forward_flat(self, flat: Tensor, x: Tensor) -> Tensor:
+        return functional_call(self.template, (self.layout.unflatten(flat), self.buffers), (x,))
+
+    def _loss_of_flat(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return self.loss(self._forward_flat(flat, x), y)
+
+    def _batchable_guard(self, call: Callable[[], Any]) -> Any:
+        if self._checked:
+            return call()
+        try:
+            result = call()
+        except (RuntimeError, NotImplementedError, ValueError) as error:
+            raise ModelNotBatchableError(
+                f"model: {type(self.template).__name__} cannot be batched over peers with "
+                f"torch.func.vmap ({type(error).__name__}: {error}). Common causes: BatchNorm "
+                "updating running statistics in training mode (use GroupNorm/LayerNorm or "
+                "track_running_stats=False), in-place updates of buffers, .item() or "
+                "data-dependent Python control flow in forward()."
+            ) from error
+        self._checked = True
+        return result
+
+    def gradients(
+        self, x: Tensor, y: Tensor, params: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Per-peer loss ``[m]`` and gradient ``[m, d]`` of ``params [m, d]`` (default all)."""
+        flat = self.params if params is None else params
+        if x.shape[0] != flat.shape[0] or y.shape[0] != flat.shape[0]:
+            raise ValueError(
+                f"x, y: leading dimension must be the number of peers {flat.shape[0]}, "
+                f"got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        grads, losses = self._batchable_guard(lambda: self._grad_fn(flat.detach(), x, y))
+        return losses.detach(), grads.detach()
+
+    @torch.no_grad()
+    def logits(self, x: Tensor, params: Tensor | None = None) -> Tensor:
+        """Outputs ``[m, N, C]`` of models ``params [m, d]`` on one shared input ``x [N, ...]``."""
+        flat = self.params if params is None else params
+        return self._batchable_guard(lambda: self._forward_shared(flat, x))
+
+    @torch.no_grad()
+    def evaluate(
+        self, x: Tensor, y: Tensor, params: Tensor | None = None, *, batch_size: int = 4096
+    ) -> tuple[Tensor, Tensor]:
+        """Accuracy ``[m]`` and mean loss ``[m]`` of models ``params [m, d]`` on ``(x, y)``.
+
+        One vmap over the models per chunk of ``batch_size`` examples.
+        """
+        flat = self.params if params is None else params
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        correct = torch.zeros(flat.shape[0], dtype=torch.float64)
+        total_loss = torch.zeros(flat.shape[0], dtype=torch.float64)
+        loss_per_model = vmap(self.loss, in_dims=(0, None))
+        for start in range(0, x.shape[0], batch_size):
+            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            out = self.logits(xb, flat)
+            correct += (out.argmax(dim=-1) == yb).sum(dim=1).double()
+            total_loss += loss_per_model(out, yb).double() * xb.shape[0]
+        count = max(int(x.shape[0]), 1)
+        return correct / count, total_loss / count
+
+    def module(self, row: int | Tensor) -> nn.Module:
+        """A standalone copy of the template model holding peer ``row``'s (or a given) weights."""
+        import copy
+
+        flat = self.params[row] if isinstance(row, int) else row
+        clone = copy.deepcopy(self.template)
+        with torch.no_grad():
+            for name, view in self.layout.unflatten(flat.detach()).items():
+                clone.get_parameter(name).copy_(view)
+        return clone
+
+
+def build_optimizer(
+    params: Tensor,
+    name: str = "sgd",
+    *,
+    lr: float = 0.1,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> torch.optim.Optimizer:
+    """One torch optimizer over the stacked ``[n, d]`` leaf: n per-peer optimizers at once.
+
+    SGD (with momentum / Nesterov / weight decay) and Adam (Kingma and Ba, 2015) update each
+    coordinate from that coordinate's own state, so one optimizer over the stacked rows is
+    exactly n independent per-peer optimizers (tested against the per-peer reference).
+    """
+    if lr <= 0 or not math.isfinite(lr):
+        raise ValueError(f"lr: learning rate must be a finite number > 0, got {lr}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum: must be in [0, 1), got {momentum}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
+    if name == "sgd":
+        return torch.optim.SGD(
+            [params], lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov
+        )
+    if name == "adam":
+        return torch.optim.Adam([params], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    raise ValueError(f"optimizer: must be one of 'sgd', 'adam', got {name!r}")
+
+
+def masked_step(optimizer: torch.optim.Optimizer, params: Tensor, active: Tensor | None) -> None:
+    """``optimizer.step()`` for the rows where ``active [n]`` is True; other rows keep their
+    parameters and optimizer state (a crashed or busy peer does not step)."""
+    if active is None or bool(active.all()):
+        optimizer.step()
+        return
+    idle = (~active).nonzero().squeeze(1)
+    if idle.numel() == 0:
+        optimizer.step()
+        return
+    state = optimizer.state.get(params, {})
+    saved = {
+        key: value[idle].clone() for key, value in state.items() if _is_row_state(value, params)
+    }
+    saved_params = params[idle].clone()
+    optimizer.step()
+    state = optimizer.state[params]
+    with torch.no_grad():
+        params[idle] = saved_params
+        for key, value in saved.items():
+            state[key][idle] = value
+
+
+def _is_row_state(value: object, params: Tensor) -> bool:
+    return isinstance(value, Tensor) and value.shape == params.shape
+
+
+class BatchSampler:
+    """Per-peer minibatches ``[n, B]`` of example indices, drawn with replacement from each
+    peer's own partition, one vectorized draw per step from a seeded ``torch.Generator``."""
+
+    def __init__(self, partitions: Sequence[Tensor], batch_size: int, *, seed: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        if len(partitions) == 0:
+            raise ValueError("partitions: need one index tensor per peer, got none")
+        lengths = torch.tensor([len(p) for p in partitions], dtype=torch.long)
+        if bool((lengths == 0).any()):
+            empty = int((lengths == 0).nonzero()[0])
+            raise ValueError(f"partitions: peer {empty} has no examples (every peer needs >= 1)")
+        self.padded = torch.nn.utils.rnn.pad_sequence(
+            [torch.as_tensor(p, dtype=torch.long) for p in partitions], batch_first=True
+        )
+        self.lengths = lengths
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def sample(self) -> Tensor:
+        """Indices ``[n, B]`` into the training set, row i from peer i's partition."""
+        u = torch.rand(self.n, self.batch_size, generator=self.generator, dtype=torch.float64)
+        position = (u * self.lengths.unsqueeze(1)).long().clamp_max(self.lengths.unsqueeze(1) - 1)
+        return torch.gather(self.padded, 1, position)
+
+
+def gather_neighbours(values: Tensor, table: NeighbourTableLike) -> tuple[Tensor, Tensor, Tensor]:
+    """``values [n, d]`` -> ``neighbours [n, k, d]``, ``weights [n, k]``, ``mask [n, k]``
+    by one gather along the neighbour table (padding entries point at the row's own node)."""
+    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long)
+    if index.shape[0] != values.shape[0]:
+        raise ValueError(f"table: has {index.shape[0]} rows but there are {values.shape[0]} peers")
+    weights = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype)
+    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool)
+    return values[index], weights, mask
+
+
+def gather_mix(
+    values: Tensor,
+    table: NeighbourTableLike,
+    aggregator: AggregatorLike,
+    *,
+    sent: Tensor | None = None,
+    alive: Tensor | None = None,
+    chunk_rows: int | None = None,
+) -> Tensor:
+    """Every peer i mixes ``own = values[i]`` with what its neighbours sent:
+    ``x_i <- rule(x_i, {sent_j : j ∈ N(i)}, W_i·)``.
+
+    Args:
+        values: each peer's own vector ``[n, d]``.
+        table: who receives from whom, with the off-diagonal weights.
+        aggregator: a ``consensus`` rule (``mean`` is plain gossip averaging).
+        sent: what each peer sends ``[n, d]`` (default ``values``); Byzantine peers' rows differ.
+        alive: ``[n]`` bool; a dead sender's entries are masked out (its weight folds into
+            the receiver's self weight) and a dead receiver keeps its own vector.
+        chunk_rows: mix this many receivers at a time to bound the ``[rows, k, d]`` gather;
+            only for stateless rules (a rule with ``reset()`` keeps batched state and is called
+            once on all rows).
+    """
+    sent = values if sent is None else sent
+    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long)
+    weight = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype)
+    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool)
+    n = values.shape[0]
+    if index.shape[0] != n:
+        raise ValueError(f"table: has {index.shape[0]} rows but there are {n} peers")
+    if alive is not None:
+        mask = mask & alive[index]
+    stateful = hasattr(aggregator, "reset")
+    if chunk_rows is None or stateful or chunk_rows >= n:
+        mixed = aggregator(values, sent[index], weight, mask)
+    else:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows: must be >= 1, got {chunk_rows}")
+        mixed = torch.empty_like(values)
+        for start in range(0, n, chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            mixed[rows] = aggregator(values[rows], sent[index[rows]], weight[rows], mask[rows])
+    if alive is not None:
+        mixed = torch.where(alive.unsqueeze(1), mixed, values)
+    return mixed
+
+
+def rows_for_budget(
+    n: int, k: int, d: int, *, element_size: int = 4, budget_bytes: int = 1 << 28
+) -> int:
+    """How many receivers fit a ``[rows, k, d]`` gather in ``budget_bytes`` (default 256 MiB)."""
+    per_row = max(k, 1) * d * element_size
+    return max(1, min(n, budget_bytes // max(per_row, 1)))

@@ -1,0 +1,177 @@
+"""The batched engine equals n independent per-peer models and optimizers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from sim.engine import (
+    BatchedPeers,
+    BatchSampler,
+    ModelNotBatchableError,
+    build_optimizer,
+    gather_mix,
+    masked_step,
+)
+from sim.reference import ReferencePeers
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def data(n: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, batch, 6, generator=g), torch.randint(0, 3, (n, batch), generator=g)
+
+
+OPTIMIZERS = [
+    ("sgd", {"lr": 0.1}),
+    ("sgd", {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}),
+    ("sgd", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    ("adam", {"lr": 0.01, "weight_decay": 1e-4}),
+]
+
+
+@pytest.mark.parametrize(("name", "options"), OPTIMIZERS)
+def test_one_optimizer_over_stacked_rows_equals_n_per_peer_optimizers(
+    name: str, options: dict
+) -> None:
+    n = 5
+    peers = BatchedPeers(mlp, n, init="independent", seed=3)
+    optimizer = build_optimizer(peers.params, name, **options)
+    torch_class = torch.optim.SGD if name == "sgd" else torch.optim.Adam
+    reference = ReferencePeers(
+        peers.template, n, lambda p: torch_class(p, **options), initial=peers.params
+    )
+    assert torch.equal(reference.flat(), peers.params)
+    for step in range(6):
+        x, y = data(n, 8, seed=step)
+        losses, grads = peers.gradients(x, y)
+        peers.params.grad = grads
+        optimizer.step()
+        reference_losses = reference.step(x, y)
+        torch.testing.assert_close(losses, reference_losses, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(peers.params, reference.flat(), atol=1e-5, rtol=1e-5)
+    # the peers really diverged from each other (independent init, different batches)
+    assert (peers.params[0] - peers.params[1]).abs().max() > 1e-2
+
+
+def test_same_init_gives_identical_rows_and_seed_is_reproducible() -> None:
+    a = BatchedPeers(mlp, 4, seed=7)
+    b = BatchedPeers(mlp, 4, seed=7)
+    c = BatchedPeers(mlp, 4, seed=8)
+    assert torch.equal(a.params, b.params)
+    assert torch.equal(a.params[0], a.params[3])
+    assert not torch.equal(a.params, c.params)
+    independent = BatchedPeers(mlp, 4, init="independent", seed=7)
+    assert torch.equal(independent.params[0], a.params[0])
+    assert not torch.equal(independent.params[0], independent.params[1])
+
+
+def test_masked_step_leaves_idle_rows_and_their_state_untouched() -> None:
+    n = 4
+    peers = BatchedPeers(mlp, n, init="independent", seed=1)
+    optimizer = build_optimizer(peers.params, "sgd", lr=0.1, momentum=0.9)
+    active = torch.tensor([True, False, True, True])
+    x, y = data(n, 8, seed=0)
+    _, peers.params.grad = peers.gradients(x, y)
+    optimizer.step()  # creates momentum for every row
+    before = peers.params.clone()
+    momentum_before = optimizer.state[peers.params]["momentum_buffer"].clone()
+    x, y = data(n, 8, seed=1)
+    _, peers.params.grad = peers.gradients(x, y)
+    masked_step(optimizer, peers.params, active)
+    after = peers.params
+    assert torch.equal(after[1], before[1])
+    assert torch.equal(optimizer.state[peers.params]["momentum_buffer"][1], momentum_before[1])
+    assert not torch.equal(after[0], before[0])
+
+
+def test_evaluate_matches_each_module_on_its_own() -> None:
+    peers = BatchedPeers(mlp, 3, init="independent", seed=2)
+    x, y = data(1, 50, seed=9)
+    accuracy, loss = peers.evaluate(x[0], y[0], batch_size=16)
+    for i in range(3):
+        model = peers.module(i)
+        with torch.no_grad():
+            out = model(x[0])
+        assert accuracy[i].item() == pytest.approx((out.argmax(1) == y[0]).double().mean().item())
+        assert loss[i].item() == pytest.approx(
+            nn.functional.cross_entropy(out, y[0]).item(), rel=1e-5
+        )
+
+
+def test_batchnorm_in_training_mode_is_reported_as_not_batchable() -> None:
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    peers = BatchedPeers(model, 2)
+    x, y = data(2, 8, seed=0)
+    with pytest.raises(ModelNotBatchableError, match="BatchNorm"):
+        peers.gradients(x, y)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"n": 0}, "n:"), ({"n": 2, "init": "random"}, "init:")],
+)
+def test_bad_arguments_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        BatchedPeers(mlp, **kwargs)
+
+
+def test_bad_optimizer_arguments_name_the_field() -> None:
+    params = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="lr:"):
+        build_optimizer(params, lr=0)
+    with pytest.raises(ValueError, match="optimizer: must be one of"):
+        build_optimizer(params, "lbfgs")
+    with pytest.raises(ValueError, match="momentum:"):
+        build_optimizer(params, momentum=1.5)
+
+
+def test_batch_sampler_draws_only_from_each_peers_partition_and_is_seeded() -> None:
+    partitions = [torch.arange(0, 10), torch.arange(10, 13), torch.tensor([42])]
+    sampler = BatchSampler(partitions, batch_size=64, seed=5)
+    batch = sampler.sample()
+    assert batch.shape == (3, 64)
+    assert set(batch[0].tolist()) <= set(range(10)) and len(set(batch[0].tolist())) > 5
+    assert set(batch[1].tolist()) == {10, 11, 12}
+    assert set(batch[2].tolist()) == {42}
+    assert torch.equal(BatchSampler(partitions, 64, seed=5).sample(), batch)
+    with pytest.raises(ValueError, match="partitions: peer 1 has no examples"):
+        BatchSampler([torch.arange(3), torch.tensor([], dtype=torch.long)], 4)
+
+
+class _Table:
+    """A hand-written neighbour table (ring of 4, Metropolis weights 1/3)."""
+
+    index = np.array([[1, 3], [0, 2], [1, 3], [2, 0]])
+    weight = np.full((4, 2), 1 / 3)
+    mask = np.ones((4, 2), dtype=bool)
+
+
+def _weighted_mean(own, neighbours, weights, mask=None):  # the convention, for this test only
+    w = weights * mask
+    return own * (1 - w.sum(-1, keepdim=True)) + (w.unsqueeze(-1) * neighbours).sum(-2)
+
+
+def test_gather_mix_equals_the_sparse_matrix_product_and_chunks_agree() -> None:
+    values = torch.randn(4, 5, dtype=torch.float64)
+    w = np.zeros((4, 4))
+    for i in range(4):
+        w[i, _Table.index[i]] = 1 / 3
+        w[i, i] = 1 / 3
+    expected = torch.from_numpy(w) @ values
+    torch.testing.assert_close(gather_mix(values, _Table, _weighted_mean), expected)
+    torch.testing.assert_close(gather_mix(values, _Table, _weighted_mean, chunk_rows=3), expected)
+
+
+def test_gather_mix_dead_sender_weight_folds_into_self_and_dead_receiver_keeps_its_own() -> None:
+    values = torch.randn(4, 5, dtype=torch.float64)
+    alive = torch.tensor([True, False, True, True])
+    mixed = gather_mix(values, _Table, _weighted_mean, alive=alive)
+    torch.testing.assert_close(mixed[1], values[1])
+    # node 0 hears only from 3: (2/3) x0 + (1/3) x3
+    torch.testing.assert_close(mixed[0], values[0] * 2 / 3 + values[3] / 3)
