@@ -1,0 +1,180 @@
+"""Wire format: round trips, zero-copy views, and every validation error."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import msgpack
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from peer import wire
+from peer.errors import (
+    BodyTooLarge,
+    DTypeMismatch,
+    InvalidRound,
+    InvalidSender,
+    MalformedBody,
+    NonFiniteValues,
+    ShapeMismatch,
+    UnknownCodec,
+    UnsupportedVersion,
+)
+
+CODECS = {"none"}
+
+
+def body_for(t: torch.Tensor, **overrides: object) -> bytes:
+    obj = {
+        "v": 1,
+        "sender": "peer-a",
+        "round": 3,
+        "step": 30,
+        "codec": "none",
+        "payload": {"tensor": wire.encode_tensor(t)},
+    }
+    obj.update(overrides)
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+@pytest.mark.parametrize("dtype", list(wire.DTYPES.values()))
+def test_tensor_round_trip_every_dtype(dtype: torch.dtype) -> None:
+    t = (torch.randn(3, 5) * 10).to(dtype)
+    enc = msgpack.unpackb(wire.pack(wire.encode_tensor(t)), raw=False)
+    back = wire.decode_tensor(enc, field="x", shape=(3, 5), dtype=dtype)
+    assert back.dtype == dtype
+    assert torch.equal(back, t)
+
+
+def test_bytes_are_little_endian_and_raw() -> None:
+    enc = wire.encode_tensor(torch.tensor([1.0], dtype=torch.float32))
+    assert bytes(enc["data"]) == b"\x00\x00\x80\x3f"
+    assert enc["dtype"] == "float32" and enc["shape"] == [1]
+
+
+def test_decode_views_the_received_bytes_without_copying() -> None:
+    data = torch.arange(6, dtype=torch.float32).numpy().tobytes()
+    t = wire.decode_tensor({"dtype": "float32", "shape": [6], "data": data}, field="x")
+    # Same address as the Python bytes object's buffer: a view, not a copy.
+
+    buffer_address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    assert t.data_ptr() == buffer_address
+
+
+def test_swap_byte_order_reverses_each_element() -> None:
+    t = torch.tensor([1], dtype=torch.int32)
+    assert wire._swap_byte_order(t).item() == 1 << 24
+    x = torch.randn(17).to(torch.bfloat16)
+    assert torch.equal(wire._swap_byte_order(wire._swap_byte_order(x)), x)
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=64))
+def test_envelope_round_trip(values: list[float]) -> None:
+    t = torch.tensor(values, dtype=torch.float32)
+    env = wire.Envelope(
+        sender="n1", round=7, step=9, codec="none", payload={"tensor": wire.encode_tensor(t)}
+    )
+    body = wire.pack_envelope(env)
+    back = wire.unpack_envelope(body, max_bytes=wire.max_body_bytes(t.numel() * 4), codecs=CODECS)
+    assert (back.sender, back.round, back.step, back.codec) == ("n1", 7, 9, "none")
+    got = wire.decode_tensor(back.payload["tensor"], field="t", shape=(len(values),))
+    assert torch.equal(got, t)
+
+
+def test_max_body_bytes_scales_with_model() -> None:
+    assert wire.max_body_bytes(0) == wire.HEADER_ROOM
+    assert wire.max_body_bytes(4 * 2**20) == 8 * 2**20 + wire.HEADER_ROOM
+    with pytest.raises(ValueError, match="factor"):
+        wire.max_body_bytes(10, factor=0.5)
+
+
+def test_model_spec_validates() -> None:
+    spec = wire.ModelSpec(numel=10, dtype=torch.bfloat16)
+    assert spec.num_bytes == 20
+    with pytest.raises(ValueError, match="numel"):
+        wire.ModelSpec(numel=0)
+    with pytest.raises(ValueError, match="dtype"):
+        wire.ModelSpec(numel=3, dtype=torch.int64)
+
+
+BAD_BODIES = {
+    "not msgpack": (b"\xc1\xc1\xc1", MalformedBody),
+    "trailing bytes": (body_for(torch.ones(2)) + b"\x00", MalformedBody),
+    "list not map": (msgpack.packb([1, 2]), MalformedBody),
+    "missing key": (msgpack.packb({"v": 1}), MalformedBody),
+    "extension type": (msgpack.packb(msgpack.ExtType(5, b"x")), MalformedBody),
+    "version 2": (body_for(torch.ones(2), v=2), UnsupportedVersion),
+    "version true": (body_for(torch.ones(2), v=True), UnsupportedVersion),
+    "codec zip": (body_for(torch.ones(2), codec="zip"), UnknownCodec),
+    "empty sender": (body_for(torch.ones(2), sender=""), InvalidSender),
+    "sender with slash": (body_for(torch.ones(2), sender="../etc"), InvalidSender),
+    "long sender": (body_for(torch.ones(2), sender="a" * 65), InvalidSender),
+    "negative round": (body_for(torch.ones(2), round=-1), InvalidRound),
+    "huge round": (body_for(torch.ones(2), round=2**60), InvalidRound),
+    "float round": (body_for(torch.ones(2), round=1.5), InvalidRound),
+    "payload list": (body_for(torch.ones(2), payload=[1]), MalformedBody),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES))
+def test_bad_envelopes_raise_typed_errors(case: str) -> None:
+    body, error = BAD_BODIES[case]
+    with pytest.raises(error) as info:
+        wire.unpack_envelope(body, max_bytes=1 << 20, codecs=CODECS)
+    assert info.value.detail
+
+
+def test_oversized_body_is_refused_before_parsing() -> None:
+    body = body_for(torch.ones(1000))
+    with pytest.raises(BodyTooLarge, match="cap is 100"):
+        wire.unpack_envelope(body, max_bytes=100, codecs=CODECS)
+
+
+def encoded(dtype: str = "float32", shape: object = (4,), data: object = None) -> dict[str, object]:
+    numel = math.prod(shape) if isinstance(shape, tuple) else 4
+    return {
+        "dtype": dtype,
+        "shape": list(shape) if isinstance(shape, tuple) else shape,
+        "data": bytes(4 * numel) if data is None else data,
+    }
+
+
+BAD_TENSORS = {
+    "wrong shape": (encoded(shape=(5,)), ShapeMismatch),
+    "wrong rank": (encoded(shape=(2, 2)), ShapeMismatch),
+    "negative dim": (encoded(shape=[-4]), ShapeMismatch),
+    "shape not list": (encoded(shape="4"), ShapeMismatch),
+    "short data": (encoded(data=bytes(15)), ShapeMismatch),
+    "unknown dtype": (encoded(dtype="complex64"), DTypeMismatch),
+    "wrong dtype": (encoded(dtype="float64", data=bytes(32)), DTypeMismatch),
+    "data as str": (encoded(data="abcd" * 4), MalformedBody),
+    "extra key": ({**encoded(), "x": 1}, MalformedBody),
+    "nan": (
+        encoded(data=torch.tensor([0, float("nan"), 0, 0]).numpy().tobytes()),
+        NonFiniteValues,
+    ),
+    "inf": (
+        encoded(data=torch.tensor([0, 0, 0, float("-inf")]).numpy().tobytes()),
+        NonFiniteValues,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TENSORS))
+def test_bad_tensors_raise_typed_errors(case: str) -> None:
+    obj, error = BAD_TENSORS[case]
+    with pytest.raises(error, match=r"payload\.tensor"):
+        wire.decode_tensor(obj, field="payload.tensor", shape=(4,), dtype=torch.float32)
+
+
+def test_error_statuses_are_4xx_with_json() -> None:
+    from peer.errors import ERROR_CLASSES
+
+    for cls in ERROR_CLASSES:
+        err = cls("why")
+        assert 400 <= err.status < 600
+        assert err.to_json() == {"error": cls.code, "detail": "why"}
+    assert len({cls.code for cls in ERROR_CLASSES}) == len(ERROR_CLASSES)
