@@ -14,8 +14,7 @@ O(n * k * d), never a dense n x n product.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,11 +22,16 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from consensus.base import Rule
+from gossip.flat import ParameterLayout
+from workloads.models import NotBatchableError, check_batchable
+
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 
-class ModelNotBatchableError(TypeError):
-    """A user model that ``torch.func.vmap`` cannot run over a stack of peers."""
+class ModelNotBatchableError(NotBatchableError):
+    """A user model that ``torch.func.vmap`` cannot run over a stack of peers (a
+    ``workloads.NotBatchableError``, itself a ``ValueError``)."""
 
 
 class NeighbourTableLike(Protocol):
@@ -46,39 +50,8 @@ class AggregatorLike(Protocol):
     ) -> Tensor: ...
 
 
-@dataclass(frozen=True)
-class ParameterLayout:
-    """Where each named parameter of a model sits in the flat vector of length ``dim``."""
-
-    names: tuple[str, ...]
-    shapes: tuple[torch.Size, ...]
-    offsets: tuple[int, ...]
-    dim: int
-
-    @classmethod
-    def of(cls, module: nn.Module) -> ParameterLayout:
-        names, shapes, offsets = [], [], []
-        offset = 0
-        for name, parameter in module.named_parameters():
-            names.append(name)
-            shapes.append(parameter.shape)
-            offsets.append(offset)
-            offset += parameter.numel()
-        if offset == 0:
-            raise ValueError("model: has no parameters to train (numel 0)")
-        return cls(tuple(names), tuple(shapes), tuple(offsets), offset)
-
-    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
-        """Views of a flat ``[d]`` vector shaped as the model's parameters (no copy)."""
-        return {
-            name: flat.narrow(0, offset, math.prod(shape)).view(shape)
-            for name, shape, offset in zip(self.names, self.shapes, self.offsets)
-        }
-
-    def flatten(self, module: nn.Module) -> Tensor:
-        """The module's parameters concatenated in layout order, as one new ``[d]`` tensor."""
-        parameters = dict(module.named_parameters())
-        return torch.cat([parameters[name].detach().reshape(-1) for name in self.names])
+def _flat(layout: ParameterLayout, module: nn.Module) -> Tensor:
+    return layout.flatten({name: p.detach() for name, p in module.named_parameters()})
 
 
 def _seeded_copy(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
@@ -138,19 +111,22 @@ class BatchedPeers:
             raise TypeError(f"model: expected an nn.Module or a factory, got {type(model)}")
         self.n = n
         self.template = template
-        self.layout = ParameterLayout.of(template)
+        check_batchable(template)  # static checks: BatchNorm running stats, random layers
+        self.layout = ParameterLayout.from_module(template)
+        if self.layout.numel == 0:
+            raise ValueError("model: has no parameters to train (numel 0)")
         self.loss: LossFunction = loss if loss is not None else nn.functional.cross_entropy
         self.buffers = {name: b.detach() for name, b in template.named_buffers()}
-        first = self.layout.flatten(template).to(dtype)
+        first = _flat(self.layout, template).to(dtype)
         if init == "same":
             stacked = first.unsqueeze(0).repeat(n, 1)
         else:
             if factory is None:
                 raise ValueError("init: 'independent' needs a model factory, not a module")
-            stacked = torch.empty(n, self.layout.dim, dtype=dtype)
+            stacked = torch.empty(n, self.layout.numel, dtype=dtype)
             stacked[0] = first
             for i in range(1, n):  # construction only, once per run
-                stacked[i] = self.layout.flatten(_seeded_copy(factory, seed + i)).to(dtype)
+                stacked[i] = _flat(self.layout, _seeded_copy(factory, seed + i)).to(dtype)
         self.params: Tensor = stacked
         self._grad_fn = vmap(grad_and_value(self._loss_of_flat), in_dims=(0, 0, 0))
         self._forward_shared = vmap(self._forward_flat, in_dims=(0, None))
@@ -160,7 +136,7 @@ class BatchedPeers:
     @property
     def dim(self) -> int:
         """d, the number of parameters of one peer's model."""
-        return self.layout.dim
+        return self.layout.numel
 
     def _forward_flat(self, flat: Tensor, x: Tensor) -> Tensor:
         return functional_call(self.template, (self.layout.unflatten(flat), self.buffers), (x,))
@@ -175,11 +151,12 @@ class BatchedPeers:
             result = call()
         except (RuntimeError, NotImplementedError, ValueError) as error:
             raise ModelNotBatchableError(
-                f"model: {type(self.template).__name__} cannot be batched over peers with "
-                f"torch.func.vmap ({type(error).__name__}: {error}). Common causes: BatchNorm "
-                "updating running statistics in training mode (use GroupNorm/LayerNorm or "
+                "",
+                f"{type(self.template).__name__} fails under vmap(grad(loss)) over the peers "
+                f"({type(error).__name__}: {error}). Common causes: BatchNorm updating running "
+                "statistics in training mode (use GroupNorm/LayerNorm or "
                 "track_running_stats=False), in-place updates of buffers, .item() or "
-                "data-dependent Python control flow in forward()."
+                "data-dependent Python control flow in forward().",
             ) from error
         self._checked = True
         return result
@@ -296,48 +273,6 @@ def _is_row_state(value: object, params: Tensor) -> bool:
     return isinstance(value, Tensor) and value.shape == params.shape
 
 
-class BatchSampler:
-    """Per-peer minibatches ``[n, B]`` of example indices, drawn with replacement from each
-    peer's own partition, one vectorized draw per step from a seeded ``torch.Generator``."""
-
-    def __init__(self, partitions: Sequence[Tensor], batch_size: int, *, seed: int = 0) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-        if len(partitions) == 0:
-            raise ValueError("partitions: need one index tensor per peer, got none")
-        lengths = torch.tensor([len(p) for p in partitions], dtype=torch.long)
-        if bool((lengths == 0).any()):
-            empty = int((lengths == 0).nonzero()[0])
-            raise ValueError(f"partitions: peer {empty} has no examples (every peer needs >= 1)")
-        self.padded = torch.nn.utils.rnn.pad_sequence(
-            [torch.as_tensor(p, dtype=torch.long) for p in partitions], batch_first=True
-        )
-        self.lengths = lengths
-        self.batch_size = batch_size
-        self.generator = torch.Generator().manual_seed(seed)
-
-    @property
-    def n(self) -> int:
-        return int(self.lengths.shape[0])
-
-    def sample(self) -> Tensor:
-        """Indices ``[n, B]`` into the training set, row i from peer i's partition."""
-        u = torch.rand(self.n, self.batch_size, generator=self.generator, dtype=torch.float64)
-        position = (u * self.lengths.unsqueeze(1)).long().clamp_max(self.lengths.unsqueeze(1) - 1)
-        return torch.gather(self.padded, 1, position)
-
-
-def gather_neighbours(values: Tensor, table: NeighbourTableLike) -> tuple[Tensor, Tensor, Tensor]:
-    """``values [n, d]`` -> ``neighbours [n, k, d]``, ``weights [n, k]``, ``mask [n, k]``
-    by one gather along the neighbour table (padding entries point at the row's own node)."""
-    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long)
-    if index.shape[0] != values.shape[0]:
-        raise ValueError(f"table: has {index.shape[0]} rows but there are {values.shape[0]} peers")
-    weights = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype)
-    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool)
-    return values[index], weights, mask
-
-
 def gather_mix(
     values: Tensor,
     table: NeighbourTableLike,
@@ -358,8 +293,8 @@ def gather_mix(
         alive: ``[n]`` bool; a dead sender's entries are masked out (its weight folds into
             the receiver's self weight) and a dead receiver keeps its own vector.
         chunk_rows: mix this many receivers at a time to bound the ``[rows, k, d]`` gather;
-            only for stateless rules (a rule with ``reset()`` keeps batched state and is called
-            once on all rows).
+            only for stateless rules (a rule that overrides ``reset()`` keeps batched state
+            and is called once on all rows).
     """
     sent = values if sent is None else sent
     index = torch.as_tensor(np.asarray(table.index), dtype=torch.long)
@@ -370,7 +305,7 @@ def gather_mix(
         raise ValueError(f"table: has {index.shape[0]} rows but there are {n} peers")
     if alive is not None:
         mask = mask & alive[index]
-    stateful = hasattr(aggregator, "reset")
+    stateful = keeps_state(aggregator)
     if chunk_rows is None or stateful or chunk_rows >= n:
         mixed = aggregator(values, sent[index], weight, mask)
     else:
@@ -383,6 +318,12 @@ def gather_mix(
     if alive is not None:
         mixed = torch.where(alive.unsqueeze(1), mixed, values)
     return mixed
+
+
+def keeps_state(aggregator: object) -> bool:
+    """Whether a rule keeps batched state between calls (it overrides ``Rule.reset``)."""
+    reset = getattr(type(aggregator), "reset", None)
+    return reset is not None and reset is not Rule.reset
 
 
 def rows_for_budget(

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from sim.engine import LossFunction, ParameterLayout
+from gossip.flat import ParameterLayout
+from sim.engine import LossFunction
 
 
 class ReferencePeers:
@@ -34,7 +35,7 @@ class ReferencePeers:
         initial: Tensor | None = None,
         loss: LossFunction | None = None,
     ) -> None:
-        self.layout = ParameterLayout.of(template)
+        self.layout = ParameterLayout.from_module(template)
         self.models = [copy.deepcopy(template) for _ in range(n)]
         if initial is not None:
             for model, row in zip(self.models, initial):
@@ -60,7 +61,12 @@ class ReferencePeers:
 
     def flat(self) -> Tensor:
         """All peers' parameters as ``[n, d]``."""
-        return torch.stack([self.layout.flatten(m) for m in self.models])
+        return torch.stack(
+            [
+                self.layout.flatten({k: p.detach() for k, p in m.named_parameters()})
+                for m in self.models
+            ]
+        )
 
     def set_flat(self, values: Tensor) -> None:
         for model, row in zip(self.models, values):

@@ -7,15 +7,16 @@ import pytest
 import torch
 from torch import nn
 
+from consensus.mean import WeightedMean
 from sim.engine import (
     BatchedPeers,
-    BatchSampler,
     ModelNotBatchableError,
     build_optimizer,
     gather_mix,
     masked_step,
 )
 from sim.reference import ReferencePeers
+from workloads.models import NotBatchableError
 
 
 def mlp() -> nn.Module:
@@ -104,11 +105,30 @@ def test_evaluate_matches_each_module_on_its_own() -> None:
         )
 
 
-def test_batchnorm_in_training_mode_is_reported_as_not_batchable() -> None:
+def test_batchnorm_in_training_mode_is_refused_up_front() -> None:
     model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
-    peers = BatchedPeers(model, 2)
+    with pytest.raises(NotBatchableError, match="BatchNorm1d"):
+        BatchedPeers(model, 2)
+
+
+class DataDependent(nn.Module):
+    """Python control flow on a tensor's value: fine eagerly, impossible under vmap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        return out if out.sum().item() > 0 else -out
+
+
+def test_a_model_that_fails_under_vmap_raises_a_clear_error() -> None:
+    model = DataDependent()
     x, y = data(2, 8, seed=0)
-    with pytest.raises(ModelNotBatchableError, match="BatchNorm"):
+    model(x[0])  # runs on its own
+    peers = BatchedPeers(model, 2)
+    with pytest.raises(ModelNotBatchableError, match=r"vmap\(grad\(loss\)\).*item\(\)"):
         peers.gradients(x, y)
 
 
@@ -131,30 +151,12 @@ def test_bad_optimizer_arguments_name_the_field() -> None:
         build_optimizer(params, momentum=1.5)
 
 
-def test_batch_sampler_draws_only_from_each_peers_partition_and_is_seeded() -> None:
-    partitions = [torch.arange(0, 10), torch.arange(10, 13), torch.tensor([42])]
-    sampler = BatchSampler(partitions, batch_size=64, seed=5)
-    batch = sampler.sample()
-    assert batch.shape == (3, 64)
-    assert set(batch[0].tolist()) <= set(range(10)) and len(set(batch[0].tolist())) > 5
-    assert set(batch[1].tolist()) == {10, 11, 12}
-    assert set(batch[2].tolist()) == {42}
-    assert torch.equal(BatchSampler(partitions, 64, seed=5).sample(), batch)
-    with pytest.raises(ValueError, match="partitions: peer 1 has no examples"):
-        BatchSampler([torch.arange(3), torch.tensor([], dtype=torch.long)], 4)
-
-
 class _Table:
     """A hand-written neighbour table (ring of 4, Metropolis weights 1/3)."""
 
     index = np.array([[1, 3], [0, 2], [1, 3], [2, 0]])
     weight = np.full((4, 2), 1 / 3)
     mask = np.ones((4, 2), dtype=bool)
-
-
-def _weighted_mean(own, neighbours, weights, mask=None):  # the convention, for this test only
-    w = weights * mask
-    return own * (1 - w.sum(-1, keepdim=True)) + (w.unsqueeze(-1) * neighbours).sum(-2)
 
 
 def test_gather_mix_equals_the_sparse_matrix_product_and_chunks_agree() -> None:
@@ -164,14 +166,14 @@ def test_gather_mix_equals_the_sparse_matrix_product_and_chunks_agree() -> None:
         w[i, _Table.index[i]] = 1 / 3
         w[i, i] = 1 / 3
     expected = torch.from_numpy(w) @ values
-    torch.testing.assert_close(gather_mix(values, _Table, _weighted_mean), expected)
-    torch.testing.assert_close(gather_mix(values, _Table, _weighted_mean, chunk_rows=3), expected)
+    torch.testing.assert_close(gather_mix(values, _Table, WeightedMean()), expected)
+    torch.testing.assert_close(gather_mix(values, _Table, WeightedMean(), chunk_rows=3), expected)
 
 
 def test_gather_mix_dead_sender_weight_folds_into_self_and_dead_receiver_keeps_its_own() -> None:
     values = torch.randn(4, 5, dtype=torch.float64)
     alive = torch.tensor([True, False, True, True])
-    mixed = gather_mix(values, _Table, _weighted_mean, alive=alive)
+    mixed = gather_mix(values, _Table, WeightedMean(), alive=alive)
     torch.testing.assert_close(mixed[1], values[1])
     # node 0 hears only from 3: (2/3) x0 + (1/3) x3
     torch.testing.assert_close(mixed[0], values[0] * 2 / 3 + values[3] / 3)
