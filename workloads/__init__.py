@@ -1,1 +1,62 @@
-"""What peers train: data sets (no download at run time), partitions across peers, small models."""
+"""What peers train: data sets (no download at run time), partitions across peers, small models.
+
+Both runners use this package: the simulator draws ``[n, B, ...]`` batches for
+all peers at once (:class:`StackedBatchSampler`), a networked peer iterates its
+own (:func:`peer_batches`), and the two see the same samples for the same seed.
+
+    >>> from workloads import load_dataset, partition, build_model, StackedBatchSampler
+    >>> data = load_dataset("synthetic:num_samples=400,seed=0")
+    >>> parts = partition("dirichlet:alpha=0.5", data.y_train, num_peers=4, seed=0)
+    >>> model = build_model("mlp", data.input_shape, data.num_classes, seed=0)
+    >>> x, y = StackedBatchSampler(parts, batch_size=16, seed=0).sample(data, step=0)
+    >>> tuple(x.shape)
+    (4, 16, 20)
+
+See docs/workloads.md.
+"""
+
+from workloads.batching import PeerBatchSampler, StackedBatchSampler, peer_batches, splitmix64
+from workloads.datasets import (
+    DATASETS,
+    DEFAULT_DATASET,
+    Dataset,
+    DatasetConfig,
+    flip_labels,
+    load_dataset,
+)
+from workloads.formats import DataFileError, UnsafePickleError, read_idx
+from workloads.models import (
+    MODELS,
+    NotBatchableError,
+    build_model,
+    check_batchable,
+    parameter_count,
+)
+from workloads.partition import PARTITIONS, dirichlet, iid, label_histogram, partition, shards
+
+__all__ = [
+    "DATASETS",
+    "DEFAULT_DATASET",
+    "MODELS",
+    "PARTITIONS",
+    "DataFileError",
+    "Dataset",
+    "DatasetConfig",
+    "NotBatchableError",
+    "PeerBatchSampler",
+    "StackedBatchSampler",
+    "UnsafePickleError",
+    "build_model",
+    "check_batchable",
+    "dirichlet",
+    "flip_labels",
+    "iid",
+    "label_histogram",
+    "load_dataset",
+    "parameter_count",
+    "partition",
+    "peer_batches",
+    "read_idx",
+    "shards",
+    "splitmix64",
+]

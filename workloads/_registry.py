@@ -1,0 +1,131 @@
+"""Name-and-parameter registries shared by data sets, partitions and models.
+
+A spec string names an entry and optionally sets its parameters, the same
+syntax the consensus rules use::
+
+    "mnist1d"                       -> ("mnist1d", {})
+    "dirichlet:alpha=0.1"           -> ("dirichlet", {"alpha": "0.1"})
+    "mlp:hidden=128,depth=3"        -> ("mlp", {"hidden": "128", "depth": "3"})
+
+Values are converted to the type of the parameter's declared type, so a CLI
+flag and a Python keyword argument end up identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class _Required:
+    """Marker for a parameter without a default (e.g. a data set's ``path``)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a registry entry: its type, default (or REQUIRED) and a line of doc."""
+
+    type: type
+    default: Any
+    doc: str
+    optional: bool = False  # None is an allowed value
+
+    def convert(self, owner: str, name: str, value: Any) -> Any:
+        """Convert ``value`` (a string from a spec, or a Python value) to this parameter's type."""
+        if value is None and self.optional:
+            return None
+        if isinstance(value, str) and self.type is not str:
+            text = value.strip()
+            if self.optional and text.lower() in {"none", ""}:
+                return None
+            try:
+                if self.type is bool:
+                    lowered = text.lower()
+                    if lowered not in {"true", "false", "1", "0", "yes", "no"}:
+                        raise ValueError(text)
+                    return lowered in {"true", "1", "yes"}
+                return self.type(text)
+            except ValueError:
+                raise ValueError(
+                    f"{owner}: parameter {name!r} must be a {self.type.__name__}, got {value!r}"
+                ) from None
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if self.type is str and hasattr(value, "__fspath__"):
+            return str(value)
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise ValueError(
+                f"{owner}: parameter {name!r} must be a {self.type.__name__}, got {value!r}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """A registered name: the factory, its parameters and a one-line description."""
+
+    name: str
+    factory: Callable[..., T]
+    params: Mapping[str, Param] = field(default_factory=dict)
+    doc: str = ""
+
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults overlaid with ``given`` (converted and checked); raises ValueError on unknowns."""
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            allowed = ", ".join(self.params) or "(none)"
+            raise ValueError(
+                f"{self.name}: unknown parameter(s) {', '.join(unknown)}; allowed: {allowed}"
+            )
+        resolved: dict[str, Any] = {}
+        for name, param in self.params.items():
+            if name in given:
+                resolved[name] = param.convert(self.name, name, given[name])
+            elif param.default is REQUIRED:
+                raise ValueError(f"{self.name}: parameter {name!r} is required ({param.doc})")
+            else:
+                resolved[name] = param.default
+        return resolved
+
+    def describe(self) -> str:
+        """``name:p=default,...  doc`` for help texts."""
+        params = ",".join(f"{k}={v.default!r}" for k, v in self.params.items())
+        return f"{self.name}{':' + params if params else ''}  {self.doc}"
+
+
+def parse_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
+    """Split ``name:key=value,key=value`` into the name and a dict of string values."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"{what} spec must be a non-empty string like 'name:key=value', got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    params: dict[str, str] = {}
+    if rest.strip():
+        for item in rest.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(
+                    f"{what} spec {spec!r}: expected key=value after ':', got {item!r}"
+                )
+            if key.strip() in params:
+                raise ValueError(f"{what} spec {spec!r}: parameter {key.strip()!r} given twice")
+            params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def lookup(registry: Mapping[str, Entry[T]], name: str, what: str) -> Entry[T]:
+    """The entry called ``name``; a ValueError listing the choices otherwise."""
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown {what} {name!r}; choose one of: {', '.join(sorted(registry))}"
+        ) from None

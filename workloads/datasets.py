@@ -1,0 +1,510 @@
+"""Data sets that need no download at run time, behind one small frozen :class:`Dataset`.
+
+Built in (``DATASETS``; spec syntax ``name:key=value,...``):
+
+- ``mnist1d`` (default): MNIST-1D (Greydanus 2020, https://arxiv.org/abs/2011.14439),
+  generated locally with the ``mnist1d`` package's ``make_dataset``; 40 features,
+  10 classes. Optional on-disk ``.npz`` cache keyed by the generation arguments.
+- ``synthetic``: a seeded Gaussian-mixture classification set.
+- ``npz``: the user's own arrays ``x, y, x_test, y_test`` from an ``.npz``.
+- ``mnist``: MNIST (or Fashion-MNIST) IDX files from a local folder, gzipped or not.
+- ``cifar10``: CIFAR-10 from a local folder, binary or python version.
+
+Example::
+
+    >>> from workloads import load_dataset
+    >>> data = load_dataset("synthetic:num_samples=500,num_features=8,num_classes=3,seed=1")
+    >>> data.x_train.shape, data.num_classes, data.input_shape
+    (torch.Size([400, 8]), 3, (8,))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workloads._registry import REQUIRED, Entry, Param, lookup, parse_spec
+from workloads.formats import (
+    DataFileError,
+    cifar10_batch_files,
+    read_cifar10_binary_batch,
+    read_cifar10_python_batch,
+    read_idx,
+    read_npz_arrays,
+)
+
+__all__ = [
+    "DATASETS",
+    "DEFAULT_DATASET",
+    "Dataset",
+    "DatasetConfig",
+    "cifar10",
+    "flip_labels",
+    "load_dataset",
+    "mnist",
+    "mnist1d",
+    "npz",
+    "synthetic",
+]
+
+DEFAULT_DATASET = "mnist1d"
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A classification data set held in memory as tensors.
+
+    ``x_*`` are float32 ``[N, *input_shape]``, ``y_*`` int64 ``[N]`` with labels
+    in ``0 .. num_classes - 1``. Construction validates all of it and raises
+    ``ValueError`` naming the field.
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_classes, int) or self.num_classes < 2:
+            raise ValueError(f"Dataset.num_classes must be an int >= 2, got {self.num_classes!r}")
+        object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
+        for split in ("train", "test"):
+            x: torch.Tensor = getattr(self, f"x_{split}")
+            y: torch.Tensor = getattr(self, f"y_{split}")
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+                raise ValueError(f"Dataset.x_{split} must be a float32 tensor, got {_describe(x)}")
+            if not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.ndim != 1:
+                raise ValueError(f"Dataset.y_{split} must be a 1-D int64 tensor, got {_describe(y)}")
+            if tuple(x.shape[1:]) != self.input_shape:
+                raise ValueError(
+                    f"Dataset.x_{split} has sample shape {tuple(x.shape[1:])}, expected "
+                    f"input_shape {self.input_shape}"
+                )
+            if len(x) != len(y):
+                raise ValueError(
+                    f"Dataset.y_{split} has {len(y)} labels but x_{split} has {len(x)} samples"
+                )
+            if len(y) and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+                raise ValueError(
+                    f"Dataset.y_{split} labels must lie in 0..{self.num_classes - 1}, found "
+                    f"{int(y.min())}..{int(y.max())}"
+                )
+        if len(self.y_train) == 0:
+            raise ValueError("Dataset.x_train is empty")
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def num_test(self) -> int:
+        return len(self.y_test)
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset(name={self.name!r}, train={self.num_train}, test={self.num_test}, "
+            f"input_shape={self.input_shape}, num_classes={self.num_classes})"
+        )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _from_numpy(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    num_classes: int,
+) -> Dataset:
+    return Dataset(
+        name=name,
+        x_train=torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.float32)),
+        y_train=torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.int64)),
+        x_test=torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.float32)),
+        y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
+        num_classes=num_classes,
+        input_shape=tuple(x_train.shape[1:]),
+    )
+
+
+# --------------------------------------------------------------------------- MNIST-1D
+
+
+def _mnist1d_cache_path(cache_dir: str, args: Mapping[str, Any], version: str) -> Path:
+    key = json.dumps({**args, "mnist1d_version": version}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return Path(cache_dir) / f"mnist1d-{digest}.npz"
+
+
+def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    """Write an .npz so that readers see the old file or the complete new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            np.savez(stream, **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def mnist1d(
+    num_samples: int = 5000,
+    seed: int = 42,
+    train_split: float = 0.8,
+    shuffle_seq: bool = False,
+    cache_dir: str | None = None,
+) -> Dataset:
+    """MNIST-1D (Greydanus 2020), generated locally: 10 classes of 1-D signals of length 40.
+
+    ``num_samples`` is rounded down to a multiple of 10 (equal counts per class);
+    the first ``train_split`` of the shuffled samples train, the rest test. The
+    generator seeds numpy's and Python's global RNGs; they are restored
+    afterwards, so loading does not disturb the caller's random state. With
+    ``cache_dir`` the arrays are kept in ``mnist1d-<hash of args>.npz`` there
+    (written atomically, read back with ``allow_pickle=False``).
+    """
+    if num_samples < 20:
+        raise ValueError(f"mnist1d: num_samples must be >= 20, got {num_samples}")
+    if not 0.0 < train_split < 1.0:
+        raise ValueError(f"mnist1d: train_split must lie in (0, 1), got {train_split}")
+    try:
+        import mnist1d as mnist1d_package
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as error:  # mnist1d (and the matplotlib it imports) are the [sim] extra
+        raise ImportError(
+            "the mnist1d data set needs the 'mnist1d' package and matplotlib: "
+            f"pip install gossipnet[sim] ({error})"
+        ) from error
+    args_dict = {
+        "num_samples": int(num_samples),
+        "seed": int(seed),
+        "train_split": float(train_split),
+        "shuffle_seq": bool(shuffle_seq),
+    }
+    cache = None
+    if cache_dir is not None:
+        version = str(getattr(mnist1d_package, "__version__", "0"))
+        cache = _mnist1d_cache_path(cache_dir, args_dict, version)
+        if cache.is_file():
+            try:
+                arrays = read_npz_arrays(cache)
+            except DataFileError:
+                arrays = None  # a damaged cache entry is regenerated and replaced
+            if arrays is not None:
+                return _from_numpy(
+                    "mnist1d", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], 10
+                )
+    args = get_dataset_args()
+    for key, value in args_dict.items():
+        setattr(args, key, value)
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        generated = make_dataset(args)
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+    arrays = {
+        "x": np.asarray(generated["x"], dtype=np.float32),
+        "y": np.asarray(generated["y"], dtype=np.int64),
+        "x_test": np.asarray(generated["x_test"], dtype=np.float32),
+        "y_test": np.asarray(generated["y_test"], dtype=np.int64),
+    }
+    if cache is not None:
+        _atomic_savez(cache, **arrays)
+    return _from_numpy("mnist1d", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], 10)
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def synthetic(
+    num_samples: int = 2000,
+    num_features: int = 20,
+    num_classes: int = 10,
+    noise: float = 1.0,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Dataset:
+    """A seeded Gaussian mixture: class ``c`` has mean ``mu_c ~ N(0, I)``, x = mu_y + noise * N(0, I).
+
+    Labels are balanced (``c = i mod num_classes``, then shuffled); the last
+    ``test_fraction`` of the samples form the test split. Same seed, same tensors.
+    """
+    if num_classes < 2:
+        raise ValueError(f"synthetic: num_classes must be >= 2, got {num_classes}")
+    if num_features < 1:
+        raise ValueError(f"synthetic: num_features must be >= 1, got {num_features}")
+    if noise < 0:
+        raise ValueError(f"synthetic: noise must be >= 0, got {noise}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"synthetic: test_fraction must lie in (0, 1), got {test_fraction}")
+    num_test = int(round(num_samples * test_fraction))
+    if num_samples - num_test < num_classes or num_test < 1:
+        raise ValueError(
+            f"synthetic: num_samples={num_samples} too small for {num_classes} classes and "
+            f"test_fraction={test_fraction}"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    means = torch.randn(num_classes, num_features, generator=generator)
+    labels = (torch.arange(num_samples) % num_classes)[
+        torch.randperm(num_samples, generator=generator)
+    ]
+    x = means[labels] + noise * torch.randn(num_samples, num_features, generator=generator)
+    split = num_samples - num_test
+    return Dataset(
+        name="synthetic",
+        x_train=x[:split].contiguous(),
+        y_train=labels[:split].contiguous(),
+        x_test=x[split:].contiguous(),
+        y_test=labels[split:].contiguous(),
+        num_classes=num_classes,
+        input_shape=(num_features,),
+    )
+
+
+# --------------------------------------------------------------------------- user files
+
+
+def npz(path: str, num_classes: int | None = None) -> Dataset:
+    """The user's arrays from an ``.npz`` holding ``x, y, x_test, y_test`` (no pickle).
+
+    ``x``/``x_test`` numeric ``[N, ...]`` (cast to float32), ``y``/``y_test``
+    integer ``[N]``. ``num_classes`` defaults to the largest label + 1; when
+    given, every label must be below it.
+    """
+    arrays = read_npz_arrays(path)
+    largest = max(int(arrays["y"].max()), int(arrays["y_test"].max(initial=0)))
+    if num_classes is None:
+        num_classes = max(largest + 1, 2)
+    elif largest >= num_classes:
+        key = "y" if int(arrays["y"].max()) == largest else "y_test"
+        raise DataFileError(
+            f"{path}: key {key!r} holds label {largest}, outside 0..{num_classes - 1} "
+            f"(num_classes={num_classes})"
+        )
+    return _from_numpy(
+        "npz", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], num_classes
+    )
+
+
+def _find_idx(folder: Path, split: str, kind: str, rank: int) -> Path:
+    names = [f"{split}-{kind}-idx{rank}-ubyte", f"{split}-{kind}.idx{rank}-ubyte"]
+    for name in names:
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise DataFileError(
+        f"{folder}: missing {names[0]} (or {names[0]}.gz / {names[1]}); an MNIST folder holds "
+        "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+        "t10k-labels-idx1-ubyte, each optionally gzipped"
+    )
+
+
+def mnist(path: str, num_classes: int = 10) -> Dataset:
+    """MNIST-format IDX files from a local folder (MNIST, Fashion-MNIST, ...), pixels scaled to [0, 1].
+
+    Images become ``[N, 1, H, W]`` float32; labels int64. Gzipped files are
+    recognised by their magic bytes.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise DataFileError(f"mnist: path {folder} is not a folder")
+    splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for split in ("train", "t10k"):
+        image_file = _find_idx(folder, split, "images", 3)
+        label_file = _find_idx(folder, split, "labels", 1)
+        images, labels = read_idx(image_file), read_idx(label_file)
+        if images.ndim != 3:
+            raise DataFileError(f"{image_file}: images must be [N, H, W], got shape {images.shape}")
+        if labels.ndim != 1 or labels.dtype.kind not in "iu":
+            raise DataFileError(f"{label_file}: labels must be a 1-D integer IDX array")
+        if len(labels) != len(images):
+            raise DataFileError(
+                f"{label_file}: {len(labels)} labels for {len(images)} images in {image_file.name}"
+            )
+        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+            raise DataFileError(
+                f"{label_file}: labels must lie in 0..{num_classes - 1}, found {labels.max()}"
+            )
+        scale = 255.0 if images.dtype == np.uint8 else 1.0
+        splits[split] = (images[:, None].astype(np.float32) / scale, labels.astype(np.int64))
+    if splits["train"][0].shape[1:] != splits["t10k"][0].shape[1:]:
+        raise DataFileError(f"{folder}: train and t10k images have different sizes")
+    return _from_numpy("mnist", *splits["train"], *splits["t10k"], num_classes)
+
+
+def cifar10(path: str) -> Dataset:
+    """CIFAR-10 from a local folder, binary (``*.bin``) or python version (restricted unpickler).
+
+    Images become ``[N, 3, 32, 32]`` float32 in [0, 1]. All ``data_batch_<k>``
+    files present are concatenated in order of ``k``.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise DataFileError(f"cifar10: path {folder} is not a folder")
+    version, train_files, test_file = cifar10_batch_files(folder)
+    reader = read_cifar10_binary_batch if version == "binary" else read_cifar10_python_batch
+    train = [reader(p) for p in train_files]
+    x_test, y_test = reader(test_file)
+    x_train = np.concatenate([x for x, _ in train])
+    y_train = np.concatenate([y for _, y in train])
+    return _from_numpy(
+        "cifar10",
+        x_train.astype(np.float32) / 255.0,
+        y_train,
+        x_test.astype(np.float32) / 255.0,
+        y_test,
+        10,
+    )
+
+
+# --------------------------------------------------------------------------- registry
+
+DATASETS: dict[str, Entry[Dataset]] = {
+    "mnist1d": Entry(
+        "mnist1d",
+        mnist1d,
+        {
+            "num_samples": Param(int, 5000, "samples generated (rounded down to a multiple of 10)"),
+            "seed": Param(int, 42, "generator seed"),
+            "train_split": Param(float, 0.8, "fraction of samples used for training"),
+            "shuffle_seq": Param(bool, False, "permute the 40 positions (a spatial-prior ablation)"),
+            "cache_dir": Param(str, None, "folder for an .npz cache of generated data", True),
+        },
+        "MNIST-1D (Greydanus 2020) generated locally; 40 features, 10 classes",
+    ),
+    "synthetic": Entry(
+        "synthetic",
+        synthetic,
+        {
+            "num_samples": Param(int, 2000, "samples in total (train + test)"),
+            "num_features": Param(int, 20, "input dimension"),
+            "num_classes": Param(int, 10, "number of Gaussian clusters / classes"),
+            "noise": Param(float, 1.0, "standard deviation around each class mean"),
+            "test_fraction": Param(float, 0.2, "fraction of samples held out for testing"),
+            "seed": Param(int, 0, "generator seed"),
+        },
+        "seeded Gaussian-mixture classification",
+    ),
+    "npz": Entry(
+        "npz",
+        npz,
+        {
+            "path": Param(str, REQUIRED, ".npz file with x, y, x_test, y_test"),
+            "num_classes": Param(int, None, "number of classes (default: largest label + 1)", True),
+        },
+        "your own arrays from an .npz file",
+    ),
+    "mnist": Entry(
+        "mnist",
+        mnist,
+        {
+            "path": Param(str, REQUIRED, "folder with the four MNIST IDX files (optionally .gz)"),
+            "num_classes": Param(int, 10, "number of classes"),
+        },
+        "MNIST / Fashion-MNIST IDX files from a local folder",
+    ),
+    "cifar10": Entry(
+        "cifar10",
+        cifar10,
+        {"path": Param(str, REQUIRED, "folder with CIFAR-10 batches (binary or python version)")},
+        "CIFAR-10 batches from a local folder",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """A data set by name and parameters, validated at construction (``ValueError`` naming the field)."""
+
+    name: str = DEFAULT_DATASET
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        entry = lookup(DATASETS, self.name, "dataset")
+        object.__setattr__(self, "params", entry.resolve(self.params))
+
+    @classmethod
+    def from_spec(cls, spec: str) -> DatasetConfig:
+        """``DatasetConfig`` from ``"name:key=value,..."``."""
+        name, params = parse_spec(spec, "dataset")
+        return cls(name, params)
+
+
+def load_dataset(spec: str | DatasetConfig = DEFAULT_DATASET, **params: Any) -> Dataset:
+    """Load a data set by spec string (``"mnist1d:num_samples=2000"``) or :class:`DatasetConfig`.
+
+    Keyword ``params`` override the spec's. Unknown names raise ``ValueError``
+    listing the choices; unknown or ill-typed parameters name the parameter.
+    """
+    if isinstance(spec, str):
+        name, given = parse_spec(spec, "dataset")
+        config = DatasetConfig(name, {**given, **params})
+    elif isinstance(spec, DatasetConfig):
+        config = DatasetConfig(spec.name, {**spec.params, **params}) if params else spec
+    else:
+        raise ValueError(f"dataset spec must be a str or DatasetConfig, got {type(spec).__name__}")
+    return DATASETS[config.name].factory(**config.params)
+
+
+# --------------------------------------------------------------------------- label flipping
+
+
+def flip_labels(
+    dataset: Dataset,
+    indices: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    *,
+    mode: str = "reverse",
+    seed: int = 0,
+) -> Dataset:
+    """Label-flipping poisoning (Biggio et al. 2012; Fang et al. 2020) of the training labels.
+
+    ``mode="reverse"``: y -> C - 1 - y. ``mode="permutation"``: y -> pi(y) for a
+    seeded random cyclic permutation pi of the classes (no label maps to itself).
+    Only training samples in ``indices`` (one tensor, or the shards of the
+    Byzantine peers) are changed; ``None`` flips every training label. Test
+    labels are never touched. Returns a new :class:`Dataset`; features are shared.
+    """
+    classes = dataset.num_classes
+    if mode == "reverse":
+        mapping = torch.arange(classes - 1, -1, -1)
+    elif mode == "permutation":
+        order = torch.randperm(classes, generator=torch.Generator().manual_seed(seed))
+        mapping = torch.empty(classes, dtype=torch.int64)
+        mapping[order] = order.roll(-1)  # order[i] -> order[i + 1]: a single cycle
+    else:
+        raise ValueError(f"flip_labels: mode must be 'reverse' or 'permutation', got {mode!r}")
+    labels = dataset.y_train.clone()
+    if indices is None:
+        chosen = torch.arange(len(labels))
+    elif isinstance(indices, torch.Tensor):
+        chosen = indices
+    else:
+        tensors = list(indices)
+        chosen = torch.cat(tensors) if tensors else torch.empty(0, dtype=torch.int64)
+    if chosen.dtype != torch.int64 or chosen.ndim != 1:
+        raise ValueError(f"flip_labels: indices must be 1-D int64 tensors, got {_describe(chosen)}")
+    if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= len(labels)):
+        raise ValueError(f"flip_labels: indices must lie in 0..{len(labels) - 1}")
+    labels[chosen] = mapping[dataset.y_train[chosen]]
+    return replace(dataset, y_train=labels, name=f"{dataset.name}+flip-{mode}")

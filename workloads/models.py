@@ -1,0 +1,327 @@
+"""Small models that torch.func can batch over peers, and a check for user models.
+
+Built in (``MODELS``; ``build_model("mlp:hidden=128", input_shape, num_classes)``):
+
+- ``logistic``: Flatten, Linear. MNIST-1D: 410 parameters.
+- ``mlp``: Flatten, (Linear, ReLU) x ``depth``, Linear. MNIST-1D, hidden=128, depth=2: 23,050.
+- ``mlp-100k``: ``mlp`` with hidden=291, depth=2. MNIST-1D: 99,823 (the simulator's benchmark).
+- ``cnn1d``: 3 x (Conv1d k5 stride 2, GroupNorm, ReLU), Linear. MNIST-1D, channels=32: 12,298.
+- ``cnn2d``: 2 x (Conv2d k3, GroupNorm, ReLU, MaxPool 2), Linear. channels=32:
+  CIFAR-10 30,762; MNIST 25,386.
+
+Normalisation is GroupNorm (Wu & He 2018), never BatchNorm: BatchNorm's running
+statistics are updated in place during training, which ``torch.func.vmap``
+cannot batch, and its batch statistics would mix peers. :func:`check_batchable`
+says which submodule of a user model stands in the way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from workloads._registry import Entry, Param, lookup, parse_spec
+
+__all__ = [
+    "MLP",
+    "MODELS",
+    "CNN1d",
+    "CNN2d",
+    "LogisticRegression",
+    "NotBatchableError",
+    "build_model",
+    "check_batchable",
+    "parameter_count",
+]
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(channels, 8), channels)
+
+
+def _features(input_shape: Sequence[int]) -> int:
+    return math.prod(input_shape)
+
+
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: logits = W vec(x) + b."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.linear = nn.Linear(_features(input_shape), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.flatten(x))
+
+
+class MLP(nn.Module):
+    """Multi-layer perceptron: ``depth`` hidden layers of width ``hidden`` with ReLU."""
+
+    def __init__(
+        self, input_shape: Sequence[int], num_classes: int, hidden: int = 128, depth: int = 2
+    ) -> None:
+        super().__init__()
+        if hidden < 1:
+            raise ValueError(f"mlp: hidden must be >= 1, got {hidden}")
+        if depth < 1:
+            raise ValueError(f"mlp: depth must be >= 1, got {depth}")
+        widths = [_features(input_shape)] + [hidden] * depth
+        layers: list[nn.Module] = [nn.Flatten()]
+        for width_in, width_out in zip(widths[:-1], widths[1:]):
+            layers += [nn.Linear(width_in, width_out), nn.ReLU()]
+        layers.append(nn.Linear(widths[-1], num_classes))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class CNN1d(nn.Module):
+    """A small 1-D CNN for signals such as MNIST-1D: 3 x (Conv1d k5 stride 2, GroupNorm, ReLU), Linear.
+
+    ``input_shape`` is ``(length,)`` (one channel is added) or ``(channels, length)``.
+    """
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, channels: int = 32) -> None:
+        super().__init__()
+        if len(input_shape) not in (1, 2):
+            raise ValueError(
+                f"cnn1d: input_shape must be (length,) or (channels, length), got {tuple(input_shape)}"
+            )
+        if channels < 1:
+            raise ValueError(f"cnn1d: channels must be >= 1, got {channels}")
+        in_channels, length = (1, input_shape[0]) if len(input_shape) == 1 else input_shape
+        self.unsqueeze = len(input_shape) == 1
+        layers: list[nn.Module] = []
+        for width_in in (in_channels, channels, channels):
+            layers += [
+                nn.Conv1d(width_in, channels, kernel_size=5, stride=2, padding=2),
+                _group_norm(channels),
+                nn.ReLU(),
+            ]
+            length = (length - 1) // 2 + 1
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(channels * length, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.unsqueeze:
+            x = x.unsqueeze(-2)
+        return self.head(self.features(x).flatten(-2))
+
+
+class CNN2d(nn.Module):
+    """A small 2-D CNN: 2 x (Conv2d k3, GroupNorm, ReLU, MaxPool 2), Linear; input (C, H, W)."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, channels: int = 32) -> None:
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(
+                f"cnn2d: input_shape must be (channels, height, width), got {tuple(input_shape)}"
+            )
+        in_channels, height, width = input_shape
+        if height < 4 or width < 4:
+            raise ValueError(f"cnn2d: height and width must be >= 4, got {height}x{width}")
+        if channels < 1:
+            raise ValueError(f"cnn2d: channels must be >= 1, got {channels}")
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, channels, kernel_size=3, padding=1),
+            _group_norm(channels),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, channels, kernel_size=3, padding=1),
+            _group_norm(channels),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Linear(channels * (height // 4) * (width // 4), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(-3))
+
+
+def _mlp_100k(input_shape: Sequence[int], num_classes: int) -> MLP:
+    return MLP(input_shape, num_classes, hidden=291, depth=2)
+
+
+MODELS: dict[str, Entry[nn.Module]] = {
+    "logistic": Entry("logistic", LogisticRegression, {}, "multinomial logistic regression"),
+    "mlp": Entry(
+        "mlp",
+        MLP,
+        {
+            "hidden": Param(int, 128, "width of each hidden layer"),
+            "depth": Param(int, 2, "number of hidden layers"),
+        },
+        "multi-layer perceptron with ReLU",
+    ),
+    "mlp-100k": Entry(
+        "mlp-100k", _mlp_100k, {}, "MLP 291x2: 99,823 parameters on MNIST-1D (benchmark preset)"
+    ),
+    "cnn1d": Entry(
+        "cnn1d",
+        CNN1d,
+        {"channels": Param(int, 32, "channels of each convolution")},
+        "1-D CNN with GroupNorm (MNIST-1D)",
+    ),
+    "cnn2d": Entry(
+        "cnn2d",
+        CNN2d,
+        {"channels": Param(int, 32, "channels of each convolution")},
+        "2-D CNN with GroupNorm (MNIST, CIFAR-10)",
+    ),
+}
+
+
+def build_model(
+    name: str, input_shape: Sequence[int], num_classes: int, seed: int = 0, **params: Any
+) -> nn.Module:
+    """Build a registered model with a seeded initialisation.
+
+    ``name`` may carry parameters (``"mlp:hidden=64"``); keyword ``params``
+    override them. The initialisation draws from a forked RNG seeded with
+    ``seed``, so the caller's global torch RNG is left untouched and the same
+    seed gives bit-identical weights.
+    """
+    base, given = parse_spec(name, "model")
+    entry = lookup(MODELS, base, "model")
+    resolved = entry.resolve({**given, **params})
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or min(shape) < 1:
+        raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {shape}")
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return entry.factory(shape, num_classes, **resolved)
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# --------------------------------------------------------------------------- batchability
+
+
+class NotBatchableError(ValueError):
+    """A model cannot be trained under ``torch.func.vmap``; ``module_name`` names the culprit."""
+
+    def __init__(self, module_name: str, reason: str) -> None:
+        self.module_name = module_name
+        where = f"submodule {module_name!r}" if module_name else "the model itself"
+        super().__init__(f"{where} cannot be batched with torch.func.vmap in training: {reason}")
+
+
+_RANDOM_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+    nn.RReLU,
+)
+
+
+def _static_check(model: nn.Module, randomness: str) -> None:
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if (
+            isinstance(module, nn.modules.batchnorm._BatchNorm)
+            and module.track_running_stats
+            and module.training
+        ):
+            raise NotBatchableError(
+                name,
+                f"{kind} updates its running statistics in place; use GroupNorm, or "
+                "track_running_stats=False, or torch.func.replace_all_batch_norm_modules_",
+            )
+        if (
+            isinstance(module, nn.modules.instancenorm._InstanceNorm)
+            and module.track_running_stats
+            and module.training
+        ):
+            raise NotBatchableError(
+                name, f"{kind}(track_running_stats=True) updates running statistics in place"
+            )
+        if randomness == "error" and isinstance(module, _RANDOM_LAYERS) and module.training:
+            raise NotBatchableError(
+                name,
+                f"{kind} draws random numbers; vmap needs randomness='different' or 'same'",
+            )
+
+
+def check_batchable(
+    model: nn.Module,
+    example_input: torch.Tensor | None = None,
+    *,
+    randomness: str = "error",
+) -> None:
+    """Raise :class:`NotBatchableError` if ``model`` cannot be trained under vmap(grad(...)).
+
+    Static checks: BatchNorm / InstanceNorm with running statistics in training
+    mode (in-place buffer updates), and random layers (Dropout, RReLU) unless
+    ``randomness`` is ``"different"`` or ``"same"`` (vmap's argument). With
+    ``example_input`` (one batch ``[B, *input_shape]``) it also runs one
+    forward pass through ``functional_call`` on copies of the buffers and names
+    any submodule whose buffers changed (in-place updates), then runs
+    ``vmap(grad(loss))`` over two stacked copies of the parameters and, if that
+    fails, names the innermost submodule that was executing.
+    """
+    if randomness not in {"error", "different", "same"}:
+        raise ValueError(
+            f"randomness must be 'error', 'different' or 'same', got {randomness!r}"
+        )
+    _static_check(model, randomness)
+    if example_input is None:
+        return
+    from torch.func import functional_call, grad, vmap
+
+    parameters = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    with torch.no_grad():
+        functional_call(model, {**parameters, **buffers}, (example_input,))
+    for key, value in model.named_buffers():
+        if not torch.equal(value, buffers[key]):
+            module_name = key.rpartition(".")[0]
+            raise NotBatchableError(
+                module_name, f"its forward pass updates buffer {key!r} in place"
+            )
+
+    stack: list[str] = []
+    hooks = []
+    failed: list[str] = []
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            stack.append(name)
+
+        return hook
+
+    def leave(*_: Any) -> None:
+        if stack:
+            stack.pop()
+
+    for name, module in model.named_modules():
+        hooks.append(module.register_forward_pre_hook(enter(name)))
+        hooks.append(module.register_forward_hook(leave))
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(model, {**params, **buffers}, (x,)).float().square().mean()
+
+    stacked = {k: torch.stack([v, v]) for k, v in parameters.items()}
+    try:
+        vmap(grad(loss), randomness=randomness)(stacked, torch.stack([example_input] * 2))
+    except NotBatchableError:
+        raise
+    except Exception as error:
+        failed.append(stack[-1] if stack else "")
+        raise NotBatchableError(failed[0], f"{type(error).__name__}: {error}") from error
+    finally:
+        for handle in hooks:
+            handle.remove()
