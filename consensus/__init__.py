@@ -1,1 +1,76 @@
-"""Robust aggregation rules and Byzantine attacks, in pure torch."""
+"""Robust aggregation rules and Byzantine attacks, in pure torch.
+
+Every rule follows the vector convention ``own [*, d], neighbours [*, k, d],
+weights [*, k], mask [*, k] -> [*, d]`` (weights are the off-diagonal mixing
+weights W_ij; the self weight is 1 - sum). Build one by spec string::
+
+    >>> import consensus, torch
+    >>> rule = consensus.build("trimmed-mean:b=1")
+    >>> rule(torch.zeros(3), torch.eye(3), torch.full((3,), 0.25))
+    tensor([0.2500, 0.2500, 0.2500])
+
+``consensus.weighted_mean`` / ``WeightedMean`` (spec ``mean``) is THE gossip
+averaging that ``gossip``, ``sim`` and ``peer`` call. See ``docs/consensus.md``.
+"""
+
+from consensus.attacks import (
+    ATTACKS,
+    ALittleIsEnough,
+    Attack,
+    AttackBase,
+    Dissensus,
+    Garbage,
+    GaussianNoise,
+    InnerProductManipulation,
+    Mimic,
+    Scaling,
+    SignFlip,
+    alie_z,
+    build_attack,
+    describe_attacks,
+)
+from consensus.base import Aggregator, Rule
+from consensus.build import AGGREGATORS, build, describe_aggregators
+from consensus.clipping import CenteredClipping, ClippedGossip, GeometricMedian
+from consensus.krum import Bulyan, Krum, MultiKrum
+from consensus.mean import WeightedMean, weighted_mean
+from consensus.order_statistics import CoordinateWiseMedian, TrimmedMean
+from consensus.registry import Entry, Parameter
+from consensus.wrappers import Bucketing, NearestNeighbourMixing, Wrapper
+
+__all__ = [
+    "AGGREGATORS",
+    "ATTACKS",
+    "ALittleIsEnough",
+    "Aggregator",
+    "Attack",
+    "AttackBase",
+    "Bucketing",
+    "Bulyan",
+    "CenteredClipping",
+    "ClippedGossip",
+    "CoordinateWiseMedian",
+    "Dissensus",
+    "Entry",
+    "Garbage",
+    "GaussianNoise",
+    "GeometricMedian",
+    "InnerProductManipulation",
+    "Krum",
+    "Mimic",
+    "MultiKrum",
+    "NearestNeighbourMixing",
+    "Parameter",
+    "Rule",
+    "Scaling",
+    "SignFlip",
+    "TrimmedMean",
+    "WeightedMean",
+    "Wrapper",
+    "alie_z",
+    "build",
+    "build_attack",
+    "describe_aggregators",
+    "describe_attacks",
+    "weighted_mean",
+]

@@ -1,0 +1,239 @@
+"""Input checking and the shared neighbourhood layout every rule works on.
+
+Vector convention (see ``shared/ARCHITECTURE.md``): ``own [*, d]``,
+``neighbours [*, k, d]``, ``weights [*, k]`` (off-diagonal mixing weights
+W_ij), ``mask [*, k]`` (True = present) -> ``[*, d]``. The self weight is
+implicit, w_ii = 1 - sum_j weights_j * mask_j.
+
+Non-finite policy (uniform for every rule): a present neighbour row holding a
+NaN or an Inf anywhere is a Byzantine neighbour caught red-handed. It is
+masked out before any rule runs, its weight folds into the self weight, and
+rules with a Byzantine budget ``f`` (or ``b``) tolerate one fewer hidden
+Byzantine neighbour for each row removed (``f_eff = max(f - removed, 0)``), so
+a NaN can never make a rule fail its bound or leak into the result. The
+node's own vector is trusted: a non-finite ``own`` raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: Slack allowed on sum_j W_ij <= 1 (float32 mixing rows rarely sum to exactly 1).
+WEIGHT_SUM_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """One call's inputs, flattened to a batch of ``B`` nodes and cleaned.
+
+    ``neighbours`` rows that were non-finite are zeroed (other absent rows keep
+    whatever content the caller padded with: rules must honour ``mask``).
+    ``size`` is n per node (own + present finite neighbours), ``removed`` the
+    number of present neighbours dropped for being non-finite, ``declared``
+    the smallest n in the batch as the caller declared it (before removal),
+    which is what bound checks use.
+    """
+
+    own: Tensor  # [B, d]
+    neighbours: Tensor  # [B, k, d]
+    weights: Tensor  # [B, k], 0 where absent
+    mask: Tensor  # [B, k] bool, present and finite
+    self_weight: Tensor  # [B]
+    removed: Tensor  # [B] int64
+    declared: int
+
+    @property
+    def batch(self) -> int:
+        return int(self.own.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.neighbours.shape[1])
+
+    @property
+    def dim(self) -> int:
+        return int(self.own.shape[1])
+
+    @property
+    def size(self) -> Tensor:
+        """n per node: the own vector plus its present, finite neighbours."""
+        return self.mask.sum(-1) + 1
+
+    def budget(self, f: int) -> Tensor:
+        """Byzantine budget per node after removing caught rows: max(f - removed, 0)."""
+        return (f - self.removed).clamp_min(0)
+
+    def set_mask(self) -> Tensor:
+        """[B, n] presence of the set {own} + neighbours (own at index 0, always present)."""
+        ones = torch.ones(self.batch, 1, dtype=torch.bool, device=self.mask.device)
+        return torch.cat([ones, self.mask], dim=1)
+
+    def set_weights(self) -> Tensor:
+        """[B, n] mixing weights of the set: (w_ii, W_ij...), zero where absent."""
+        return torch.cat([self.self_weight[:, None], self.weights], dim=1)
+
+    def centred(self) -> Tensor:
+        """[B, k, d] neighbours minus own, absent rows zeroed (a fresh tensor)."""
+        diffs = self.neighbours - self.own[:, None, :]
+        return diffs.masked_fill_(~self.mask[:, :, None], 0.0)
+
+    def stacked(self, fill: float) -> Tensor:
+        """[B, n, d] the set {own} + neighbours, absent rows filled with ``fill``."""
+        values = torch.cat([self.own[:, None, :], self.neighbours], dim=1)
+        return values.masked_fill_(~self.set_mask()[:, :, None], fill)
+
+    def replace(
+        self,
+        *,
+        own: Tensor | None = None,
+        neighbours: Tensor | None = None,
+        weights: Tensor | None = None,
+        mask: Tensor | None = None,
+        declared: int | None = None,
+    ) -> Neighbourhood:
+        """A neighbourhood with some fields swapped (wrappers feed their inner rule this)."""
+        new_mask = self.mask if mask is None else mask
+        new_weights = self.weights if weights is None else torch.where(new_mask, weights, 0.0)
+        return Neighbourhood(
+            own=self.own if own is None else own,
+            neighbours=self.neighbours if neighbours is None else neighbours,
+            weights=new_weights,
+            mask=new_mask,
+            self_weight=(1.0 - new_weights.sum(-1)).clamp_min(0.0),
+            removed=self.removed,
+            declared=self.declared if declared is None else declared,
+        )
+
+
+def _shape(shape: torch.Size | tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def check_shapes(
+    own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """Validate the vector convention; return weights cast to own's dtype and the mask."""
+    if not isinstance(own, Tensor) or not own.is_floating_point() or own.ndim < 1:
+        got = (
+            f"dtype {own.dtype}, shape {_shape(own.shape)}"
+            if isinstance(own, Tensor)
+            else type(own).__name__
+        )
+        raise ValueError(f"own must be a floating-point tensor of shape [*, d], got {got}")
+    batch, d = own.shape[:-1], own.shape[-1]
+    if (
+        not isinstance(neighbours, Tensor)
+        or neighbours.ndim != own.ndim + 1
+        or neighbours.shape[:-2] != batch
+        or neighbours.shape[-1] != d
+    ):
+        got = (
+            _shape(neighbours.shape)
+            if isinstance(neighbours, Tensor)
+            else type(neighbours).__name__
+        )
+        want = _shape((*batch, -1, d)).replace("-1", "k")
+        raise ValueError(
+            f"neighbours must have shape [*, k, d] = {want} to match own {_shape(own.shape)}, got {got}"
+        )
+    if neighbours.dtype != own.dtype:
+        raise ValueError(f"neighbours must have own's dtype {own.dtype}, got {neighbours.dtype}")
+    k = neighbours.shape[-2]
+    if not isinstance(weights, Tensor) or weights.shape != (*batch, k):
+        got = _shape(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(f"weights must have shape [*, k] = {_shape((*batch, k))}, got {got}")
+    if mask is not None and (
+        not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (*batch, k)
+    ):
+        got = (
+            f"{mask.dtype} {_shape(mask.shape)}"
+            if isinstance(mask, Tensor)
+            else type(mask).__name__
+        )
+        raise ValueError(
+            f"mask must be a bool tensor of shape [*, k] = {_shape((*batch, k))}, got {got}"
+        )
+    present = weights if mask is None else torch.where(mask, weights, 0)
+    if not bool(torch.isfinite(present).all()) or bool((present < 0).any()):
+        raise ValueError("weights must be finite and >= 0 (off-diagonal mixing weights W_ij)")
+    sums = present.to(torch.float64).sum(-1)
+    if sums.numel() and float(sums.max()) > 1.0 + WEIGHT_SUM_TOLERANCE:
+        worst = int(sums.flatten().argmax())
+        raise ValueError(
+            "weights of the present neighbours must sum to at most 1 (the self weight "
+            f"1 - sum is implicit), got sum={float(sums.flatten()[worst]):.6g} at node {worst}"
+        )
+    return weights.to(dtype=own.dtype, device=own.device), mask
+
+
+def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None) -> Neighbourhood:
+    """Check the inputs, flatten the batch and mask out non-finite neighbour rows."""
+    weights, mask = check_shapes(own, neighbours, weights, mask)
+    d, k = own.shape[-1], neighbours.shape[-2]
+    own2 = own.reshape(-1, d)
+    nb = neighbours.reshape(-1, k, d)
+    batch = own2.shape[0]
+    present = (
+        torch.ones(batch, k, dtype=torch.bool, device=own.device)
+        if mask is None
+        else mask.reshape(batch, k)
+    )
+    if not bool(torch.isfinite(own2).all()):
+        raise ValueError(
+            "own contains NaN or Inf: the node's own vector is trusted and must be finite"
+        )
+    finite = torch.isfinite(nb).all(-1)
+    declared = int(present.sum(-1).min()) + 1 if batch else 1
+    removed = (present & ~finite).sum(-1)
+    if not bool(finite.all()):
+        nb = torch.where(finite[:, :, None], nb, torch.zeros((), dtype=nb.dtype))
+    keep = present & finite
+    w = torch.where(keep, weights.reshape(batch, k), 0.0)
+    return Neighbourhood(
+        own=own2,
+        neighbours=nb,
+        weights=w,
+        mask=keep,
+        self_weight=(1.0 - w.sum(-1)).clamp_min(0.0),
+        removed=removed,
+        declared=declared,
+    )
+
+
+def pairwise_squared_distances(hood: Neighbourhood, centred: Tensor | None = None) -> Tensor:
+    """[B, n, n] squared distances within {own} + neighbours, from one Gram matrix product.
+
+    Vectors are centred at ``own`` first (distances are translation invariant),
+    which keeps float32 cancellation small when all vectors share a large
+    offset. Absent members get +inf rows and columns; the diagonal is 0.
+    """
+    xc = hood.centred() if centred is None else centred
+    gram = torch.bmm(xc, xc.transpose(1, 2)).to(torch.float64)  # [B, k, k]
+    sq = gram.diagonal(dim1=1, dim2=2)  # ||x_j - own||^2
+    between = (sq[:, :, None] + sq[:, None, :] - 2.0 * gram).clamp_min(0.0)
+    b, k = hood.batch, hood.k
+    dist = torch.zeros(b, k + 1, k + 1, dtype=torch.float64, device=xc.device)
+    dist[:, 1:, 1:] = between
+    dist[:, 0, 1:] = sq
+    dist[:, 1:, 0] = sq
+    idx = torch.arange(k + 1, device=xc.device)
+    dist[:, idx, idx] = 0.0
+    present = hood.set_mask()
+    absent = ~(present[:, :, None] & present[:, None, :])
+    return dist.masked_fill_(absent, float("inf"))
+
+
+def renormalised_average(hood: Neighbourhood, chosen: Tensor, centred: Tensor) -> Tensor:
+    """own + sum_c a_c (x_c - own) with a_c = w_c [c chosen] / sum(w [chosen]) over the set.
+
+    ``chosen`` is [B, n] over the set {own} + neighbours. When the chosen
+    members carry no mixing weight at all, they are averaged uniformly.
+    """
+    w = hood.set_weights() * chosen
+    total = w.sum(-1, keepdim=True)
+    uniform = chosen.to(w.dtype) / chosen.sum(-1, keepdim=True).clamp_min(1)
+    coef = torch.where(total > 0, w / total.clamp_min(torch.finfo(w.dtype).tiny), uniform)
+    return hood.own + torch.bmm(coef[:, None, 1:], centred).squeeze(1)

@@ -1,0 +1,154 @@
+"""Distance-based selection rules: Krum, Multi-Krum and Bulyan.
+
+All three score the set {x_i} + {x_j : j present} (the own vector is a
+candidate like any other, so with no attack Krum may well pick it). Pairwise
+distances come from one Gram matrix product per node (no loop over pairs or
+coordinates).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from consensus._inputs import Neighbourhood, pairwise_squared_distances, renormalised_average
+from consensus.base import Rule, bound_error, check_int
+
+_LARGE = float(torch.finfo(torch.float64).max)
+
+
+def krum_scores(distances: Tensor, candidates: Tensor, f: Tensor) -> Tensor:
+    """score(c) = sum of squared distances from c to its n - f - 2 nearest other candidates.
+
+    ``distances [B, n, n]`` (inf where absent), ``candidates [B, n]`` bool,
+    ``f [B]`` -> ``[B, n]``, +inf for non-candidates. The count is clamped to
+    at least 1 (Bulyan's last selection steps run Krum on fewer than 2f+3).
+    """
+    n = candidates.sum(-1)
+    pair = candidates[:, :, None] & candidates[:, None, :]
+    eye = torch.eye(distances.shape[1], dtype=torch.bool, device=distances.device)
+    others = distances.masked_fill(~pair | eye, float("inf"))
+    nearest = others.sort(dim=-1).values.cumsum(dim=-1)
+    count = (n - f - 2).clamp_min(1).clamp_max(distances.shape[1] - 1)
+    index = (count - 1).view(-1, 1, 1).expand(-1, distances.shape[1], 1)
+    scores = nearest.gather(-1, index).squeeze(-1)
+    return scores.masked_fill(~candidates, float("inf"))
+
+
+class Krum(Rule):
+    """Krum, spec name ``krum:f=F``: x_i <- x_c with c = argmin_c sum_{j in N_c} ||x_c - x_j||^2.
+
+    N_c holds the n - f - 2 vectors closest to x_c. Blanchard et al.,
+    "Machine learning with adversaries: Byzantine tolerant gradient descent"
+    (NeurIPS 2017). Needs n > 2f+2. Mixing weights play no part in the
+    choice (selection returns one input unchanged); ties go to the own vector
+    first, then to the lowest neighbour slot.
+    """
+
+    name = "krum"
+
+    def __init__(self, f: int = 1, n: int | None = None) -> None:
+        self.f = check_int(self.name, "f", f, 0)
+        super().__init__(n)
+
+    def check_size(self, n: int) -> None:
+        if n <= 2 * self.f + 2:
+            raise bound_error(self.name, "n > 2f+2", n=n, f=self.f)
+
+    def _aggregate(self, hood: Neighbourhood) -> Tensor:
+        scores = krum_scores(pairwise_squared_distances(hood), hood.set_mask(), hood.budget(self.f))
+        best = scores.argmin(-1)  # first minimum: own (index 0) wins ties
+        slot = (best - 1).clamp_min(0).view(-1, 1, 1).expand(-1, 1, hood.dim)
+        chosen = hood.neighbours.gather(1, slot).squeeze(1)
+        return torch.where((best == 0)[:, None], hood.own, chosen)
+
+
+class MultiKrum(Krum):
+    """Multi-Krum, spec name ``multi-krum:f=F,m=M``: average the m inputs with the best Krum scores.
+
+    x_i <- sum_{c in best m} w_c x_c / sum_{c in best m} w_c (mixing weights
+    renormalised over the selected set). Blanchard et al. (NeurIPS 2017).
+    Needs n > 2f+2; m defaults to n - f per node.
+    """
+
+    name = "multi-krum"
+
+    def __init__(self, f: int = 1, m: int | None = None, n: int | None = None) -> None:
+        self.m = None if m is None else check_int(self.name, "m", m, 1)
+        super().__init__(f, n)
+
+    def check_size(self, n: int) -> None:
+        super().check_size(n)
+        if self.m is not None and self.m > n:
+            raise bound_error(self.name, "m <= n", n=n, m=self.m)
+
+    def _aggregate(self, hood: Neighbourhood) -> Tensor:
+        centred = hood.centred()
+        distances = pairwise_squared_distances(hood, centred)
+        f = hood.budget(self.f)
+        scores = krum_scores(distances, hood.set_mask(), f)
+        rank = scores.argsort(dim=-1, stable=True).argsort(-1)
+        m = hood.size - f if self.m is None else torch.clamp(hood.size, max=self.m)
+        chosen = rank < m[:, None]
+        return renormalised_average(hood, chosen, centred)
+
+
+class Bulyan(Rule):
+    """Bulyan, spec name ``bulyan:f=F`` (El Mhamdi, Guerraoui & Rouault, ICML 2018).
+
+    Select theta = n - 2f vectors by repeated Krum (pick the best-scored, take
+    it out, rescore the rest), then per coordinate keep the beta = theta - 2f
+    selected values closest to the selected values' median and average them
+    with their mixing weights renormalised. Needs n >= 4f+3.
+    """
+
+    name = "bulyan"
+
+    def __init__(self, f: int = 1, n: int | None = None) -> None:
+        self.f = check_int(self.name, "f", f, 0)
+        super().__init__(n)
+
+    def check_size(self, n: int) -> None:
+        if n < 4 * self.f + 3:
+            raise bound_error(self.name, "n >= 4f+3", n=n, f=self.f)
+
+    def _aggregate(self, hood: Neighbourhood) -> Tensor:
+        f = hood.budget(self.f)
+        size = hood.size
+        theta = size - 2 * f
+        beta = theta - 2 * f
+        distances = pairwise_squared_distances(hood)
+        remaining = hood.set_mask()
+        selected = torch.zeros_like(remaining)
+        rows = torch.arange(hood.batch, device=remaining.device)
+        for step in range(int(theta.max())):
+            active = step < theta
+            scores = krum_scores(distances, remaining, f)
+            # a lone remaining candidate has no neighbours left to score against (inf): still pick it
+            scores = torch.where(remaining, scores.nan_to_num(posinf=_LARGE), float("inf"))
+            best = scores.argmin(-1)
+            pick = torch.zeros_like(remaining)
+            pick[rows, best] = active
+            selected |= pick
+            remaining &= ~pick
+        # coordinate-wise: beta values closest to the median of the theta selected ones
+        values = hood.stacked(float("inf")).masked_fill_(~selected[:, :, None], float("inf"))
+        ordered = values.sort(dim=1).values
+        low = ((theta - 1) // 2).view(-1, 1, 1).expand(-1, 1, hood.dim)
+        high = (theta // 2).view(-1, 1, 1).expand(-1, 1, hood.dim)
+        median = (ordered.gather(1, low) + ordered.gather(1, high)) / 2
+        spread = (values - median).abs()  # inf for the unselected
+        order = spread.argsort(dim=1, stable=True)
+        position = torch.arange(values.shape[1], device=values.device).view(1, -1, 1)
+        keep = position < beta.view(-1, 1, 1)
+        closest = values.gather(1, order)
+        weights = hood.set_weights()[:, :, None].expand_as(values).gather(1, order)
+        kept_weights = torch.where(keep, weights, 0.0)
+        total = kept_weights.sum(1)
+        out = torch.where(keep, closest * kept_weights, 0.0).sum(1) / total.clamp_min(
+            torch.finfo(total.dtype).tiny
+        )
+        if bool((total > 0).all()):
+            return out
+        uniform = torch.where(keep, closest, 0.0).sum(1) / beta.view(-1, 1).clamp_min(1)
+        return torch.where(total > 0, out, uniform)
