@@ -285,7 +285,7 @@ def exponential_undirected(n: int) -> nx.Graph:
 
 
 def dumbbell(n: int) -> nx.Graph:
-    """Two cliques (of floor(n/2) and ceil(n/2) nodes) joined by a single edge.
+    """Two cliques (of floor(n/2) and ceil(n/2) >= 3 nodes, so n >= 6) joined by a single edge.
 
     The bottleneck edge makes consensus slow: the textbook bad case for gossip. ::
 
@@ -293,7 +293,7 @@ def dumbbell(n: int) -> nx.Graph:
         | X | - ... - | X |
         2 - 3         6 - 7
     """
-    count = _nodes(n, 4)
+    count = _nodes(n, 6)
     half = count // 2
     graph = nx.complete_graph(half)
     graph.add_nodes_from(range(half, count))
