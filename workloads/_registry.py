@@ -105,7 +105,9 @@ class Entry(Generic[T]):
 def parse_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
     """Split ``name:key=value,key=value`` into the name and a dict of string values."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"{what} spec must be a non-empty string like 'name:key=value', got {spec!r}")
+        raise ValueError(
+            f"{what} spec must be a non-empty string like 'name:key=value', got {spec!r}"
+        )
     name, _, rest = spec.strip().partition(":")
     params: dict[str, str] = {}
     if rest.strip():

@@ -87,7 +87,9 @@ class Dataset:
             if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
                 raise ValueError(f"Dataset.x_{split} must be a float32 tensor, got {_describe(x)}")
             if not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.ndim != 1:
-                raise ValueError(f"Dataset.y_{split} must be a 1-D int64 tensor, got {_describe(y)}")
+                raise ValueError(
+                    f"Dataset.y_{split} must be a 1-D int64 tensor, got {_describe(y)}"
+                )
             if tuple(x.shape[1:]) != self.input_shape:
                 raise ValueError(
                     f"Dataset.x_{split} has sample shape {tuple(x.shape[1:])}, expected "
@@ -160,7 +162,7 @@ def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as stream:
-            np.savez(stream, **arrays)
+            np.savez(stream, **arrays)  # type: ignore[arg-type]
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -258,7 +260,7 @@ def synthetic(
         raise ValueError(f"synthetic: noise must be >= 0, got {noise}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"synthetic: test_fraction must lie in (0, 1), got {test_fraction}")
-    num_test = int(round(num_samples * test_fraction))
+    num_test = round(num_samples * test_fraction)
     if num_samples - num_test < num_classes or num_test < 1:
         raise ValueError(
             f"synthetic: num_samples={num_samples} too small for {num_classes} classes and "
@@ -388,7 +390,9 @@ DATASETS: dict[str, Entry[Dataset]] = {
             "num_samples": Param(int, 5000, "samples generated (rounded down to a multiple of 10)"),
             "seed": Param(int, 42, "generator seed"),
             "train_split": Param(float, 0.8, "fraction of samples used for training"),
-            "shuffle_seq": Param(bool, False, "permute the 40 positions (a spatial-prior ablation)"),
+            "shuffle_seq": Param(
+                bool, False, "permute the 40 positions (a spatial-prior ablation)"
+            ),
             "cache_dir": Param(str, None, "folder for an .npz cache of generated data", True),
         },
         "MNIST-1D (Greydanus 2020) generated locally; 40 features, 10 classes",

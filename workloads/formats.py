@@ -187,7 +187,9 @@ def read_cifar10_python_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]
         raise DataFileError(f"{path}: not a readable CIFAR-10 python batch ({error})") from None
     if not isinstance(batch, dict):
         raise DataFileError(f"{path}: expected a dict, got {type(batch).__name__}")
-    entries = {(k.decode("latin-1") if isinstance(k, bytes) else str(k)): v for k, v in batch.items()}
+    entries = {
+        (k.decode("latin-1") if isinstance(k, bytes) else str(k)): v for k, v in batch.items()
+    }
     for key in ("data", "labels"):
         if key not in entries:
             raise DataFileError(

@@ -17,6 +17,7 @@ says which submodule of a user model stands in the way.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,7 +73,7 @@ class MLP(nn.Module):
             raise ValueError(f"mlp: depth must be >= 1, got {depth}")
         widths = [_features(input_shape)] + [hidden] * depth
         layers: list[nn.Module] = [nn.Flatten()]
-        for width_in, width_out in zip(widths[:-1], widths[1:]):
+        for width_in, width_out in itertools.pairwise(widths):
             layers += [nn.Linear(width_in, width_out), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], num_classes))
         self.layers = nn.Sequential(*layers)
@@ -274,9 +275,7 @@ def check_batchable(
     fails, names the innermost submodule that was executing.
     """
     if randomness not in {"error", "different", "same"}:
-        raise ValueError(
-            f"randomness must be 'error', 'different' or 'same', got {randomness!r}"
-        )
+        raise ValueError(f"randomness must be 'error', 'different' or 'same', got {randomness!r}")
     _static_check(model, randomness)
     if example_input is None:
         return

@@ -34,26 +34,37 @@ def test_synthetic_is_seeded_balanced_and_learnable_shapes() -> None:
 
 def test_dataset_validates_fields() -> None:
     good = small_dataset()
-    with pytest.raises(ValueError, match="Dataset.x_train must be a float32 tensor, got torch.float64"):
+    with pytest.raises(
+        ValueError, match=r"Dataset.x_train must be a float32 tensor, got torch.float64"
+    ):
         Dataset("d", good.x_train.double(), good.y_train, good.x_test, good.y_test, 4, (5,))
-    with pytest.raises(ValueError, match="Dataset.y_test must be a 1-D int64 tensor"):
+    with pytest.raises(ValueError, match=r"Dataset.y_test must be a 1-D int64 tensor"):
         Dataset("d", good.x_train, good.y_train, good.x_test, good.y_test.int(), 4, (5,))
-    with pytest.raises(ValueError, match=r"Dataset.x_test has sample shape \(6,\), expected input_shape \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"Dataset.x_test has sample shape \(6,\), expected input_shape \(5,\)"
+    ):
         Dataset("d", good.x_train, good.y_train, torch.zeros(24, 6), good.y_test, 4, (5,))
     with pytest.raises(ValueError, match=r"Dataset.y_train labels must lie in 0..2, found 0..3"):
         Dataset("d", good.x_train, good.y_train, good.x_test, good.y_test, 3, (5,))
-    with pytest.raises(ValueError, match="Dataset.y_train has 95 labels but x_train has 96"):
+    with pytest.raises(ValueError, match=r"Dataset.y_train has 95 labels but x_train has 96"):
         Dataset("d", good.x_train, good.y_train[1:], good.x_test, good.y_test, 4, (5,))
-    with pytest.raises(ValueError, match="Dataset.num_classes must be an int >= 2"):
+    with pytest.raises(ValueError, match=r"Dataset.num_classes must be an int >= 2"):
         Dataset("d", good.x_train, good.y_train, good.x_test, good.y_test, 1, (5,))
 
 
 def test_load_dataset_errors_list_choices_and_name_parameters() -> None:
-    with pytest.raises(ValueError, match="unknown dataset 'imagenet'; choose one of: cifar10, mnist, mnist1d, npz, synthetic"):
+    with pytest.raises(
+        ValueError,
+        match="unknown dataset 'imagenet'; choose one of: cifar10, mnist, mnist1d, npz, synthetic",
+    ):
         load_dataset("imagenet")
-    with pytest.raises(ValueError, match=r"synthetic: unknown parameter\(s\) colour; allowed: num_samples"):
+    with pytest.raises(
+        ValueError, match=r"synthetic: unknown parameter\(s\) colour; allowed: num_samples"
+    ):
         load_dataset("synthetic:colour=red")
-    with pytest.raises(ValueError, match="synthetic: parameter 'num_samples' must be a int, got 'many'"):
+    with pytest.raises(
+        ValueError, match="synthetic: parameter 'num_samples' must be a int, got 'many'"
+    ):
         load_dataset("synthetic:num_samples=many")
     with pytest.raises(ValueError, match="expected key=value after ':'"):
         load_dataset("synthetic:seed")
@@ -83,12 +94,19 @@ def test_dataset_config_validates_and_matches_spec() -> None:
         assert entry.doc and all(p.doc for p in entry.params.values())
 
 
+def numpy_keys() -> np.ndarray:
+    """The key array of numpy's legacy global RNG state."""
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple)
+    return np.array(state[1])
+
+
 def test_mnist1d_is_reproducible_and_leaves_global_rng_alone() -> None:
     np.random.seed(123)
     random.seed(123)
-    before_numpy, before_python = np.random.get_state()[1].copy(), random.getstate()
+    before_numpy, before_python = numpy_keys(), random.getstate()
     a = load_dataset("mnist1d:num_samples=200,seed=5")
-    assert np.array_equal(np.random.get_state()[1], before_numpy)
+    assert np.array_equal(numpy_keys(), before_numpy)
     assert random.getstate() == before_python
     b = load_dataset("mnist1d:num_samples=200,seed=5")
     c = load_dataset("mnist1d:num_samples=200,seed=6")
@@ -150,7 +168,7 @@ def test_flip_labels_permutation_is_a_seeded_derangement() -> None:
     b = flip_labels(data, mode="permutation", seed=4)
     c = flip_labels(data, mode="permutation", seed=5)
     assert torch.equal(a.y_train, b.y_train) and not torch.equal(a.y_train, c.y_train)
-    mapping = {}
+    mapping: dict[int, int] = {}
     for old, new in zip(data.y_train.tolist(), a.y_train.tolist()):
         assert mapping.setdefault(old, new) == new  # a function of the label
     assert sorted(mapping.values()) == list(range(10))  # a permutation
