@@ -15,7 +15,13 @@ own (:func:`peer_batches`), and the two see the same samples for the same seed.
 See docs/workloads.md.
 """
 
-from workloads.batching import PeerBatchSampler, StackedBatchSampler, peer_batches, splitmix64
+from workloads.batching import (
+    PeerBatchSampler,
+    StackedBatchSampler,
+    feistel_permutation,
+    peer_batches,
+    splitmix64,
+)
 from workloads.datasets import (
     DATASETS,
     DEFAULT_DATASET,
@@ -49,6 +55,7 @@ __all__ = [
     "build_model",
     "check_batchable",
     "dirichlet",
+    "feistel_permutation",
     "flip_labels",
     "iid",
     "label_histogram",

@@ -1,17 +1,23 @@
 """Seeded mini-batch sampling that the simulator and the networked peer share exactly.
 
-Both runners draw batch ``t`` of peer ``i`` from the same counter-based
-random function, so they see the *same* samples:
+Both runners draw batch ``t`` of peer ``i`` from the same counter-based random
+function (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"),
+so they see the *same* samples. With ``key_i = splitmix64(splitmix64(seed) ^ i)``:
 
-    position[i, t, s] = splitmix64(splitmix64(splitmix64(seed) ^ i) ^ t) + s) mod size_i
+- ``replacement=True`` (default; the i.i.d. sampling of the D-PSGD analysis,
+  Lian et al. 2017): slot ``s`` of step ``t`` is
+  ``position = splitmix64(splitmix64(key_i ^ t) + s) mod size_i``.
+- ``replacement=False`` (shuffled epochs): the peer's samples form an endless
+  stream of epochs, epoch ``e`` being a random permutation ``pi_{i,e}`` of its
+  shard; step ``t`` takes stream positions ``t*B .. t*B+B-1``, i.e.
+  ``position = pi_{i,e}(p mod size_i)`` with ``e = p div size_i``. The
+  permutation is evaluated pointwise by a 4-round Feistel network keyed by
+  ``(key_i, e)`` on the next power-of-four domain, with cycle walking (Black &
+  Rogaway 2002) down to ``0 .. size_i - 1``: every sample once per epoch.
 
-for slot ``s = 0 .. B-1``, and the batch is ``partition[i][position]``:
-uniform sampling with replacement from the peer's shard, the i.i.d. sampling
-that the D-PSGD analysis assumes (Lian et al. 2017). A counter-based draw
-(Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3") needs no
-generator state: step ``t`` of peer ``i`` is reproducible on its own, the
-simulator draws all n peers in one vectorized call, and a peer that restarts
-at step ``t`` continues the same stream.
+No generator state is kept: step ``t`` of peer ``i`` is reproducible on its
+own, the simulator draws all n peers in one vectorized call, and a peer that
+restarts at step ``t`` continues the same stream.
 
 - :class:`StackedBatchSampler` (simulator): ``sample(dataset, step)`` ->
   ``x [n, B, *input_shape]``, ``y [n, B]`` in one gather.
@@ -27,7 +33,13 @@ import torch
 
 from workloads.datasets import Dataset
 
-__all__ = ["PeerBatchSampler", "StackedBatchSampler", "peer_batches", "splitmix64"]
+__all__ = [
+    "PeerBatchSampler",
+    "StackedBatchSampler",
+    "feistel_permutation",
+    "peer_batches",
+    "splitmix64",
+]
 
 _MASK64 = (1 << 64) - 1
 
@@ -60,18 +72,74 @@ def splitmix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
+_FEISTEL_ROUNDS = 4
+
+
+def feistel_permutation(
+    values: torch.Tensor, sizes: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """pi_key(v): a keyed pseudo-random permutation of ``0 .. size-1``, evaluated elementwise.
+
+    A balanced Feistel network (Luby & Rackoff 1988) on ``2h`` bits, with
+    ``4^h >= size``, is a bijection of ``0 .. 4^h - 1``; cycle walking (Black
+    & Rogaway 2002) re-applies it until the value falls below ``size``, which
+    restricts it to a bijection of ``0 .. size-1``. All arguments broadcast;
+    ``values`` must lie in ``0 .. size-1``.
+    """
+    values, sizes, keys = torch.broadcast_tensors(
+        values.to(torch.int64), sizes.to(torch.int64), keys.to(torch.int64)
+    )
+    shape = values.shape
+    values, sizes, keys = values.flatten(), sizes.flatten(), keys.flatten()
+    # h = ceil(bits(size - 1) / 2), at least 1, so that 4^h >= size.
+    bit_length = torch.floor(torch.log2((sizes - 1).clamp(min=1).double())).long() + 1
+    half = ((bit_length + 1) // 2).clamp(min=1)
+    mask = torch.bitwise_left_shift(torch.ones_like(half), half) - 1
+    round_keys = [splitmix64(keys + r) for r in range(_FEISTEL_ROUNDS)]
+
+    def encrypt(x: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
+        h, m = half[which], mask[which]
+        left, right = torch.bitwise_right_shift(x, h), x & m
+        for key in round_keys:
+            left, right = right, left ^ (splitmix64(right ^ key[which]) & m)
+        return torch.bitwise_left_shift(left, h) | right
+
+    everything = torch.arange(len(values))
+    result = encrypt(values, everything)
+    outside = everything[result >= sizes]
+    while outside.numel():  # expected < 4 passes: the domain is < 4 * size
+        walked = encrypt(result[outside], outside)
+        result[outside] = walked
+        outside = outside[walked >= sizes[outside]]
+    return result.reshape(shape)
+
+
 def _positions(
-    seed: int, peers: torch.Tensor, step: int, sizes: torch.Tensor, batch_size: int
+    seed: int,
+    peers: torch.Tensor,
+    step: int,
+    sizes: torch.Tensor,
+    batch_size: int,
+    replacement: bool,
 ) -> torch.Tensor:
     """``[len(peers), batch_size]`` positions in ``0 .. sizes-1`` for one step."""
     base = splitmix64(torch.tensor([_signed(seed)], dtype=torch.int64))
-    per_peer = splitmix64(splitmix64(base ^ peers) ^ _signed(step))
+    per_peer = splitmix64(base ^ peers)
     slots = torch.arange(batch_size, dtype=torch.int64)
-    bits = _shift_right(splitmix64(per_peer[:, None] + slots), 1)  # 63 uniform bits, >= 0
-    return torch.remainder(bits, sizes[:, None])
+    if replacement:
+        per_step = splitmix64(per_peer ^ _signed(step))
+        bits = _shift_right(splitmix64(per_step[:, None] + slots), 1)  # 63 uniform bits, >= 0
+        return torch.remainder(bits, sizes[:, None])
+    stream = step * batch_size + slots  # [B] positions in the endless stream of epochs
+    epoch = torch.div(stream, sizes[:, None], rounding_mode="floor")  # [n, B]
+    offset = stream - epoch * sizes[:, None]
+    keys = splitmix64(splitmix64(per_peer[:, None] ^ _signed(0x5EED)) ^ epoch)
+    return feistel_permutation(offset, sizes[:, None], keys)
 
 
-def _check_common(batch_size: int, seed: int) -> None:
+def _check_common(batch_size: int, seed: int, replacement: bool) -> None:
+    if not isinstance(replacement, bool):
+        raise ValueError(f"replacement must be True or False, got {replacement!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if not isinstance(seed, int):
@@ -95,9 +163,11 @@ class StackedBatchSampler:
 
     Args:
         partition: peer ``i``'s training indices (e.g. from :func:`workloads.partition`).
-        batch_size: ``B``, equal for every peer (with replacement, so shards smaller
-            than ``B`` are fine).
+        batch_size: ``B``, equal for every peer (shards smaller than ``B`` are fine
+            in both modes; without replacement a batch then spans several epochs).
         seed: the stream's seed; ``(seed, step)`` fixes every peer's batch.
+        replacement: ``True`` draws uniformly with replacement; ``False`` walks
+            through shuffled epochs (each sample once per epoch).
 
     Example::
 
@@ -109,8 +179,14 @@ class StackedBatchSampler:
         ((4, 8, 20), (4, 8))
     """
 
-    def __init__(self, partition: Sequence[torch.Tensor], batch_size: int, seed: int = 0) -> None:
-        _check_common(batch_size, seed)
+    def __init__(
+        self,
+        partition: Sequence[torch.Tensor],
+        batch_size: int,
+        seed: int = 0,
+        replacement: bool = True,
+    ) -> None:
+        _check_common(batch_size, seed, replacement)
         parts = list(partition)
         if not parts:
             raise ValueError("partition must list at least one peer's indices")
@@ -119,6 +195,7 @@ class StackedBatchSampler:
         self.num_peers = len(parts)
         self.batch_size = batch_size
         self.seed = seed
+        self.replacement = replacement
         self.sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64)
         # Padded table [n, max size]; padding is never addressed (positions < size).
         self.table = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True, padding_value=0)
@@ -127,7 +204,9 @@ class StackedBatchSampler:
     def indices(self, step: int) -> torch.Tensor:
         """``[n, B]`` training-set indices of every peer's batch at ``step``."""
         _check_step(step)
-        positions = _positions(self.seed, self._peers, step, self.sizes, self.batch_size)
+        positions = _positions(
+            self.seed, self._peers, step, self.sizes, self.batch_size, self.replacement
+        )
         return self.table.gather(1, positions)
 
     def sample(self, dataset: Dataset, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +229,9 @@ class PeerBatchSampler:
         seed: int = 0,
         peer: int = 0,
         start_step: int = 0,
+        replacement: bool = True,
     ) -> None:
-        _check_common(batch_size, seed)
+        _check_common(batch_size, seed, replacement)
         _check_indices(indices, "indices")
         if not isinstance(peer, int) or peer < 0:
             raise ValueError(f"peer must be an int >= 0, got {peer!r}")
@@ -161,13 +241,16 @@ class PeerBatchSampler:
         self.seed = seed
         self.peer = peer
         self.start_step = start_step
+        self.replacement = replacement
         self._size = torch.tensor([len(indices)], dtype=torch.int64)
         self._peer = torch.tensor([peer], dtype=torch.int64)
 
     def indices(self, step: int) -> torch.Tensor:
         """``[B]`` training-set indices of this peer's batch at ``step``."""
         _check_step(step)
-        positions = _positions(self.seed, self._peer, step, self._size, self.batch_size)
+        positions = _positions(
+            self.seed, self._peer, step, self._size, self.batch_size, self.replacement
+        )
         return self.source[positions[0]]
 
     def __iter__(self) -> Iterator[torch.Tensor]:
@@ -184,8 +267,11 @@ def peer_batches(
     seed: int = 0,
     peer: int = 0,
     start_step: int = 0,
+    replacement: bool = True,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless ``(x [B, ...], y [B])`` batches for one peer (same draws as the simulator's row)."""
-    sampler = PeerBatchSampler(indices, batch_size, seed=seed, peer=peer, start_step=start_step)
+    sampler = PeerBatchSampler(
+        indices, batch_size, seed=seed, peer=peer, start_step=start_step, replacement=replacement
+    )
     for index in sampler:
         yield dataset.x_train[index], dataset.y_train[index]

@@ -115,6 +115,16 @@ class Dataset:
     def num_test(self) -> int:
         return len(self.y_test)
 
+    def to(self, device: torch.device | str) -> Dataset:
+        """The same data set with its tensors on ``device`` (e.g. ``"cuda"``)."""
+        return replace(
+            self,
+            x_train=self.x_train.to(device),
+            y_train=self.y_train.to(device),
+            x_test=self.x_test.to(device),
+            y_test=self.y_test.to(device),
+        )
+
     def __repr__(self) -> str:
         return (
             f"Dataset(name={self.name!r}, train={self.num_train}, test={self.num_test}, "

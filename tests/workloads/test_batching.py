@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from workloads import (
     PeerBatchSampler,
     StackedBatchSampler,
+    feistel_permutation,
     load_dataset,
     partition,
     peer_batches,
@@ -53,17 +54,21 @@ def sizes_strategy() -> st.SearchStrategy[list[int]]:
     batch_size=st.integers(1, 40),
     seed=st.integers(-(2**40), 2**40),
     step=st.integers(0, 10**9),
+    replacement=st.booleans(),
 )
 def test_stacked_rows_equal_each_peers_own_sampler(
-    sizes: list[int], batch_size: int, seed: int, step: int
+    sizes: list[int], batch_size: int, seed: int, step: int, replacement: bool
 ) -> None:
     offsets = list(itertools.accumulate([0, *sizes]))
     parts = [torch.arange(offsets[i], offsets[i + 1]) for i in range(len(sizes))]
-    stacked = StackedBatchSampler(parts, batch_size, seed=seed).indices(step)
-    assert stacked.shape == (len(sizes), batch_size)
+    stacked = StackedBatchSampler(parts, batch_size, seed=seed, replacement=replacement)
+    drawn = stacked.indices(step)
+    assert drawn.shape == (len(sizes), batch_size)
     for peer, part in enumerate(parts):
-        own = PeerBatchSampler(part, batch_size, seed=seed, peer=peer).indices(step)
-        assert torch.equal(stacked[peer], own)
+        own = PeerBatchSampler(
+            part, batch_size, seed=seed, peer=peer, replacement=replacement
+        ).indices(step)
+        assert torch.equal(drawn[peer], own)
         assert bool(torch.isin(own, part).all())  # a peer only sees its own samples
 
 
@@ -117,6 +122,49 @@ def test_draws_are_uniform_over_each_peers_shard() -> None:
     assert float((draws[3, :-1] == draws[3, 1:]).double().mean()) < 0.1
 
 
+@given(
+    size=st.integers(1, 600),
+    key=st.integers(-(2**63), 2**63 - 1),
+)
+def test_feistel_permutation_is_a_bijection(size: int, key: int) -> None:
+    values = torch.arange(size)
+    permuted = feistel_permutation(values, torch.tensor(size), torch.tensor(key))
+    assert torch.equal(permuted.sort().values, values)
+
+
+def test_feistel_permutation_depends_on_the_key_and_broadcasts() -> None:
+    values = torch.arange(50)
+    a = feistel_permutation(values, torch.tensor(50), torch.tensor(1))
+    b = feistel_permutation(values, torch.tensor(50), torch.tensor(2))
+    assert not torch.equal(a, b) and not torch.equal(a, values)
+    # Rows with different sizes and keys at once equal the rows done one by one.
+    sizes = torch.tensor([[50], [17]])
+    keys = torch.tensor([[1], [9]])
+    both = feistel_permutation(values[None, :17], sizes, keys)
+    assert torch.equal(both[0], a[:17])
+    assert torch.equal(both[1], feistel_permutation(values[:17], torch.tensor(17), torch.tensor(9)))
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 7, 25])
+def test_without_replacement_every_sample_once_per_epoch(batch_size: int) -> None:
+    sizes = [7, 10, 3, 16]
+    offsets = list(itertools.accumulate([0, *sizes]))
+    parts = [torch.arange(offsets[i], offsets[i + 1]) for i in range(len(sizes))]
+    sampler = StackedBatchSampler(parts, batch_size, seed=2, replacement=False)
+    epochs = 4
+    steps = -(-max(sizes) * epochs // batch_size)
+    stream = torch.cat([sampler.indices(t) for t in range(steps)], dim=1)
+    for peer, size in enumerate(sizes):
+        orders = [stream[peer, e * size : (e + 1) * size] for e in range(epochs)]
+        for order in orders:
+            assert torch.equal(order.sort().values, parts[peer])
+        if size > 3:
+            assert len({tuple(o.tolist()) for o in orders}) > 1  # reshuffled per epoch
+    # The same seed with replacement draws differently (duplicates within an epoch).
+    with_replacement = StackedBatchSampler(parts, 16, seed=2).indices(0)
+    assert len(set(with_replacement[3].tolist())) < 16
+
+
 def test_batch_larger_than_shard_samples_with_replacement() -> None:
     part = torch.tensor([4, 9])
     batch = PeerBatchSampler(part, 32, seed=0).indices(0)
@@ -137,5 +185,7 @@ def test_sampler_errors() -> None:
         StackedBatchSampler([part], 2).indices(-1)
     with pytest.raises(ValueError, match="peer must be an int >= 0"):
         PeerBatchSampler(part, 2, peer=-3)
+    with pytest.raises(ValueError, match="replacement must be True or False, got 'no'"):
+        StackedBatchSampler([part], 2, replacement="no")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="seed must be an int"):
         PeerBatchSampler(part, 2, seed=1.5)  # type: ignore[arg-type]

@@ -32,6 +32,15 @@ def test_synthetic_is_seeded_balanced_and_learnable_shapes() -> None:
     assert (predicted == a.y_test).float().mean() > 0.6
 
 
+def test_dataset_to_device_keeps_everything() -> None:
+    data = small_dataset()
+    moved = data.to("cpu")
+    assert torch.equal(moved.x_train, data.x_train) and moved.input_shape == data.input_shape
+    assert moved.num_classes == data.num_classes and moved.name == data.name
+    if torch.cuda.is_available():
+        assert data.to("cuda").y_test.is_cuda
+
+
 def test_dataset_validates_fields() -> None:
     good = small_dataset()
     with pytest.raises(
