@@ -1,0 +1,185 @@
+"""Outgoing calls to other peers: signed, timed out, size-capped, responses validated.
+
+Every call has a total timeout. A neighbour that cannot be reached, times out or
+answers 5xx raises :class:`PeerUnavailable`; one that refuses our request with a
+4xx raises :class:`RemoteRefused` (its JSON error code and detail attached).
+Both count as a failed call for membership. A response that is too large,
+unsigned (when the swarm has a secret) or malformed raises the same typed
+:class:`~peer.errors.ProtocolError` the server would answer with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from typing import Any
+
+import aiohttp
+
+from peer.auth import request_nonce, sign_request, verify_response
+from peer.errors import BodyTooLarge, MalformedBody
+from peer.server import MAX_JSON_BYTES, MSGPACK
+from peer.wire import Envelope, pack_envelope, unpack_envelope
+
+
+class PeerUnavailable(Exception):
+    """A neighbour could not be reached, timed out, or failed (5xx)."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"{address}: {reason}")
+        self.address = address
+        self.reason = reason
+
+
+class RemoteRefused(Exception):
+    """A neighbour refused our request with a 4xx and a JSON error body."""
+
+    def __init__(self, address: str, status: int, code: str, detail: str) -> None:
+        super().__init__(f"{address} refused with {status} {code}: {detail}")
+        self.address = address
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+class PeerClient:
+    """Calls other peers' endpoints over one pooled ``aiohttp.ClientSession``.
+
+    Args:
+        secret: swarm secret to sign requests and check response signatures (``None``: open).
+        timeout_s: total time allowed per call (connect, send, receive).
+        max_body_bytes: cap on any response body (the model-derived cap).
+        ssl_context: client TLS context; when given, peers are called over ``https``.
+    """
+
+    def __init__(
+        self,
+        *,
+        secret: bytes | None,
+        timeout_s: float,
+        max_body_bytes: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.secret = secret
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_body_bytes = max_body_bytes
+        self.ssl_context = ssl_context
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> PeerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context else True)
+            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        address: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        content_type: str = MSGPACK,
+        max_body_bytes: int | None = None,
+    ) -> bytes:
+        """Send one signed request; return the verified response body of a 2xx."""
+        cap = self.max_body_bytes if max_body_bytes is None else max_body_bytes
+        headers = {"Content-Type": content_type} if body else {}
+        nonce = None
+        if self.secret is not None:
+            signed = sign_request(self.secret, method, path, body)
+            nonce = request_nonce(signed)
+            headers.update(signed)
+        url = f"{self.scheme}://{address}{path}"
+        try:
+            async with self._get_session().request(
+                method, url, data=body or None, headers=headers
+            ) as response:
+                data = await _read_capped(response, cap)
+                status = response.status
+                response_headers = response.headers
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+            raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
+        if status >= 500:
+            raise PeerUnavailable(address, f"HTTP {status}")
+        if status >= 400:  # a refusal: nothing is applied, so it need not be signed
+            try:
+                err = json.loads(data)
+                code, detail = str(err["error"]), str(err["detail"])
+            except (ValueError, KeyError, TypeError):
+                code, detail = "unknown", data[:200].decode(errors="replace")
+            raise RemoteRefused(address, status, code, detail)
+        if self.secret is not None and nonce is not None:
+            verify_response(self.secret, status, nonce, data, response_headers)
+        return data
+
+    async def exchange(
+        self, address: str, envelope: Envelope, *, codecs: set[str] | frozenset[str] | Any
+    ) -> Envelope:
+        """``POST /v1/exchange``: send our envelope, return the neighbour's (frame validated)."""
+        data = await self.request("POST", address, "/v1/exchange", pack_envelope(envelope))
+        return unpack_envelope(data, max_bytes=self.max_body_bytes, codecs=codecs)
+
+    async def state(self, address: str, *, codecs: Any) -> Envelope:
+        """``GET /v1/state``: the neighbour's full model as a dense envelope."""
+        data = await self.request("GET", address, "/v1/state")
+        return unpack_envelope(data, max_bytes=self.max_body_bytes, codecs=codecs)
+
+    async def join(self, address: str, peer_id: str, own_address: str | None) -> dict[str, Any]:
+        """``POST /v1/join``: announce ourselves; returns ``{"v", "id", "peers"}``."""
+        body = json.dumps({"id": peer_id, "address": own_address}).encode()
+        data = await self.request(
+            "POST",
+            address,
+            "/v1/join",
+            body,
+            content_type="application/json",
+            max_body_bytes=MAX_JSON_BYTES,
+        )
+        return _json_view(data)
+
+    async def peers(self, address: str) -> dict[str, Any]:
+        """``GET /v1/peers``: the neighbour's membership view."""
+        data = await self.request("GET", address, "/v1/peers", max_body_bytes=MAX_JSON_BYTES)
+        return _json_view(data)
+
+
+def _json_view(data: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise MalformedBody("membership view is not JSON") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("peers"), list) or "id" not in obj:
+        raise MalformedBody("membership view must be a JSON object with id and a peers list")
+    return obj
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """The response body, refusing more than ``cap`` bytes before buffering them."""
+    length = response.content_length
+    if length is not None:
+        if length > cap:
+            raise BodyTooLarge(f"response has {length} bytes, the cap is {cap}")
+        return await response.read()
+    chunks, total = [], 0
+    async for chunk in response.content.iter_chunked(1 << 20):
+        total += len(chunk)
+        if total > cap:
+            raise BodyTooLarge(f"response exceeds the cap of {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

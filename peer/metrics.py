@@ -1,0 +1,68 @@
+"""Per-peer Prometheus metrics (one ``CollectorRegistry`` per peer, never the global one).
+
+Several peers can live in one process (tests, notebooks, the embedding API), so
+each owns its registry and ``GET /metrics`` renders only its own.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from peer.membership import STATUSES
+
+
+class PeerMetrics:
+    """Counters and gauges of one peer, rendered by :meth:`render` as Prometheus text."""
+
+    def __init__(self, peer_id: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"peer": peer_id}
+        self.bytes = Counter(
+            "gossipnet_bytes",
+            "Body bytes exchanged with neighbours",
+            ["direction"],
+            registry=self.registry,
+        ).labels
+        self.exchanges = Counter(
+            "gossipnet_exchanges",
+            "Exchanges by role (caller/callee) and outcome (ok, failed, refused)",
+            ["role", "outcome"],
+            registry=self.registry,
+        ).labels
+        self.errors = Counter(
+            "gossipnet_request_errors",
+            "Requests refused, by protocol error code",
+            ["code"],
+            registry=self.registry,
+        ).labels
+        self.exchange_seconds = Histogram(
+            "gossipnet_exchange_seconds",
+            "Wall time of one outgoing exchange (round trip, validation, mixing)",
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+        )
+        self.round = Gauge("gossipnet_round", "Current gossip round", registry=self.registry)
+        self.step = Gauge("gossipnet_step", "Local optimizer steps taken", registry=self.registry)
+        self.loss = Gauge("gossipnet_loss", "Last training loss", registry=self.registry)
+        self.members = Gauge(
+            "gossipnet_members", "Known members by status", ["status"], registry=self.registry
+        )
+        self.info = Gauge(
+            "gossipnet_peer_info",
+            "Constant 1, labelled with the peer id",
+            ["peer"],
+            registry=self.registry,
+        )
+        self.info.labels(**labels).set(1)
+        for status in STATUSES:
+            self.members.labels(status=status).set(0)
+        for direction in ("in", "out"):
+            self.bytes(direction=direction)
+
+    def bytes_total(self, direction: str) -> int:
+        value = self.registry.get_sample_value("gossipnet_bytes_total", {"direction": direction})
+        return int(value or 0)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this peer's registry."""
+        return generate_latest(self.registry)

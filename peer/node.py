@@ -1,0 +1,632 @@
+"""``Peer``: one networked gossip-training participant, embeddable in any asyncio program.
+
+A peer trains its model in a worker thread and gossips over HTTP with its
+neighbours while its server keeps answering::
+
+    config = PeerConfig(peer_id="a", port=7000, join=("10.0.0.2:7000",), mode="async")
+    async with Peer(model, lambda params: torch.optim.SGD(params, lr=0.1),
+                    torch.nn.functional.cross_entropy, loader, config) as peer:
+        await peer.run(steps=1000)          # rounds of gradient / exchange / step
+
+or drive it yourself: train under ``peer.lock``, then ``await peer.gossip()``.
+
+Each round follows ``gossip.RoundPlan.phases()`` (combine-then-adapt by default:
+gradient, exchange, step). The exchange is
+
+* ``mode="async"`` -- AD-PSGD (Lian et al., ICML 2018): with each of ``fanout``
+  random neighbours, push-pull ``POST /v1/exchange``; the callee computes
+  ``gossip.average_pair`` (x_i, x_j <- (x_i + x_j)/2) atomically under its model
+  lock and answers with it; the caller adds ``average - sent`` to its model, so
+  local progress made during the round trip is kept and the pair's sum is
+  preserved under any interleaving.
+* ``mode="sync"`` -- D-PSGD rounds (Lian et al., NeurIPS 2017) through
+  ``gossip.DecentralizedSGD.combine``: x_i <- w_ii x_i + sum_j w_ij x_j with
+  uniform w_ij = 1/(k+1) over the k known members; each pair does one round trip
+  (the callee stores the caller's round-t model and answers with its own round-t
+  model once it has one); neighbours that miss ``round_deadline_s`` are masked
+  out, so their weight folds into the self weight (consensus's mask convention).
+
+Model copies held (d = parameter count; an edge device sizes for these): the
+model itself, the flat gradient, the optimizer's state, one snapshot per
+outgoing exchange in flight (async: 1), the received vector being mixed, and in
+sync mode up to two rounds of each neighbour's model in the inbox (2k).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from aiohttp import web
+
+import consensus
+from gossip.algorithms import DecentralizedSGD, average_pair
+from gossip.flat import FlatParameters
+from peer import checkpoint
+from peer.auth import (
+    RequestVerifier,
+    client_ssl_context,
+    load_secret,
+    server_ssl_context,
+    warn_open_swarm,
+)
+from peer.client import PeerClient, PeerUnavailable, RemoteRefused
+from peer.codecs import DenseCodec, build_codec, receiving_codecs
+from peer.config import PeerConfig
+from peer.errors import InvalidSender, MalformedBody, ProtocolError, UnknownPeer
+from peer.membership import Member, Membership, check_address
+from peer.metrics import PeerMetrics
+from peer.server import build_app
+from peer.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_sender, max_body_bytes
+
+logger = logging.getLogger(__name__)
+
+Batch = tuple[Any, Any]
+OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+VIEW_REFRESH_ROUNDS = 10
+"""Every this many rounds a peer pulls a random neighbour's membership view."""
+
+
+class Peer:
+    """A gossip-training peer: model, optimizer, data, server, client and membership.
+
+    Args:
+        model: the ``nn.Module``; its parameters are moved into one flat buffer
+            (``gossip.FlatParameters``) that training, mixing and the wire share.
+        optimizer: a torch optimizer over ``model.parameters()``, or a factory
+            ``params -> optimizer`` that is given ``[flat.parameter]`` (one vector
+            update for the whole model; preferred).
+        loss_fn: ``loss_fn(model(inputs), targets) -> scalar tensor``.
+        train_data: an iterable of ``(inputs, targets)`` batches, re-iterated forever
+            (a ``DataLoader`` reshuffles each pass).
+        config: a :class:`~peer.config.PeerConfig`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | OptimizerFactory,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        train_data: Iterable[Batch],
+        config: PeerConfig,
+    ) -> None:
+        if not isinstance(config, PeerConfig):
+            raise TypeError(f"config must be a PeerConfig, got {type(config).__name__}")
+        self.config = config
+        self.peer_id = config.peer_id
+        self.model = model
+        self.flat = FlatParameters(model)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self.optimizer = optimizer
+        elif callable(optimizer):
+            self.optimizer = optimizer([self.flat.parameter])
+        else:
+            raise TypeError("optimizer must be a torch optimizer or a factory params -> optimizer")
+        self.loss_fn = loss_fn
+        self.train_data = train_data
+        self.spec = ModelSpec.of(self.flat.vector)
+        self.max_body_bytes = max_body_bytes(self.spec.num_bytes, factor=config.max_body_factor)
+        self.codec = build_codec(config.codec)
+        self.codecs = receiving_codecs()
+        self.aggregator = consensus.build(config.aggregator)
+        self.algorithm = DecentralizedSGD(
+            order=config.order,  # type: ignore[arg-type]
+            local_steps=config.local_steps,
+            aggregator=self.aggregator,
+        )
+        self.gossip_state = self.algorithm.init(self.flat.vector)
+        self.secret = (
+            config.secret if config.secret is not None else load_secret(config.secret_file)
+        )
+        self.verifier = (
+            RequestVerifier(self.secret, clock_window_s=config.clock_window_s)
+            if self.secret is not None
+            else None
+        )
+        self.metrics = PeerMetrics(self.peer_id)
+        self.membership = Membership(
+            self.peer_id,
+            None,
+            suspect_after=config.suspect_after,
+            evict_after=config.evict_after,
+        )
+        self.lock = threading.Lock()
+        """Guards the model, gradient and optimizer: hold it while training by hand."""
+        self.round = 0
+        self.step = 0
+        self.loss = math.nan
+        self.address: str | None = None
+        self._rng = random.Random(f"{config.seed}:{self.peer_id}")
+        self._batches: Iterator[Batch] | None = None
+        self._inbox: dict[str, dict[int, torch.Tensor]] = {}
+        self._served: dict[str, int] = {}
+        self._published: Envelope | None = None
+        self._changed: asyncio.Condition | None = None
+        self._runner: web.AppRunner | None = None
+        self.client: PeerClient | None = None
+        self._last_checkpoint_step = -1
+        self.resumed_from: Path | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Peer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Resume (if configured), listen (unless client-only), and join the swarm."""
+        config = self.config
+        self._changed = asyncio.Condition()
+        if self.secret is None:
+            warn_open_swarm(self.peer_id)
+        if config.resume:
+            self._resume()
+        client_context = None
+        if config.tls_cert is not None or config.tls_ca is not None:
+            client_context = client_ssl_context(
+                cafile=config.tls_ca, certfile=config.tls_cert, keyfile=config.tls_key
+            )
+        self.client = PeerClient(
+            secret=self.secret,
+            timeout_s=config.request_timeout_s,
+            max_body_bytes=self.max_body_bytes,
+            ssl_context=client_context,
+        )
+        if not config.client_only:
+            server_context = None
+            if config.tls_cert is not None and config.tls_key is not None:
+                server_context = server_ssl_context(
+                    config.tls_cert, config.tls_key, cafile=config.tls_ca
+                )
+            self._runner = web.AppRunner(build_app(self), access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, config.host, config.port, ssl_context=server_context)
+            await site.start()
+            port = self._runner.addresses[0][1]
+            self.address = config.advertise or f"{config.host}:{port}"
+            self.membership.self_address = check_address(self.address)
+        if config.join:
+            try:
+                await self._join(config.join)
+            except BaseException:
+                await self.stop()
+                raise
+        logger.info("peer %s started at %s", self.peer_id, self.address or "(client-only)")
+
+    async def stop(self) -> None:
+        """Checkpoint (if configured), close connections, stop listening."""
+        if self.config.checkpoint_dir is not None and self.step != self._last_checkpoint_step:
+            await asyncio.to_thread(self._save_checkpoint)
+        if self.client is not None:
+            await self.client.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ------------------------------------------------------------------ membership
+
+    async def _join(self, addresses: Iterable[str]) -> None:
+        client = self._client()
+        errors = []
+        for address in addresses:
+            try:
+                answer = await client.join(address, self.peer_id, self.address)
+                bootstrap = check_sender(answer["id"])
+                self.membership.observe(bootstrap, address)
+                added = self.membership.merge(answer["peers"])
+                if self.config.fetch_state and self.resumed_from is None:
+                    await self._fetch_state(address)
+            except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
+                errors.append(f"{address}: {error}")
+                continue
+            for peer_id in added:  # announce ourselves to everyone we just learned of
+                member = self.membership.get(peer_id)
+                if member is not None and member.address is not None:
+                    with contextlib.suppress(PeerUnavailable, RemoteRefused, ProtocolError):
+                        self.membership.merge(
+                            (await client.join(member.address, self.peer_id, self.address))["peers"]
+                        )
+            return
+        raise ConnectionError(
+            f"peer {self.peer_id} could not join via any of: " + "; ".join(errors)
+        )
+
+    async def _fetch_state(self, address: str) -> None:
+        envelope = await self._client().state(address, codecs={"none"})
+        vector = DenseCodec().decode(envelope.payload, self.spec)
+        with self.lock:
+            self.flat.load_(vector)
+        self.round = max(self.round, envelope.round)
+
+    async def refresh_view(self) -> None:
+        """Pull one random neighbour's membership view and merge it."""
+        neighbours = self.membership.neighbours()
+        if not neighbours:
+            return
+        member = self._rng.choice(neighbours)
+        assert member.address is not None
+        try:
+            view = await self._client().peers(member.address)
+            self.membership.merge(view["peers"])
+        except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
+            self._failed(member, error)
+
+    def _failed(self, member: Member, error: Exception) -> None:
+        status = self.membership.record_failure(member.id)
+        logger.info(
+            "peer %s: call to %s failed (%s), now %s", self.peer_id, member.id, error, status
+        )
+
+    def _client(self) -> PeerClient:
+        if self.client is None:
+            raise RuntimeError("peer is not started: await peer.start() first")
+        return self.client
+
+    # ------------------------------------------------------------------ training
+
+    def _next_batch(self) -> Batch:
+        if self._batches is None:
+            self._batches = self._cycle()
+        return next(self._batches)
+
+    def _cycle(self) -> Iterator[Batch]:
+        while True:
+            empty = True
+            for batch in self.train_data:
+                empty = False
+                yield batch
+            if empty:
+                raise ValueError("train_data yielded no batches")
+
+    def _gradient(self) -> None:
+        inputs, targets = self._next_batch()
+        with self.lock:
+            self.flat.zero_grad()
+            loss = self.loss_fn(self.model(inputs), targets)
+            loss.backward()
+        self.loss = float(loss.detach())
+        self.metrics.loss.set(self.loss)
+
+    def _step(self) -> None:
+        with self.lock:
+            self.optimizer.step()
+            self.step += 1
+            self.metrics.step.set(self.step)
+            every = self.config.checkpoint_every
+            if every and self.step % every == 0:
+                self._save_checkpoint_locked()
+
+    async def run(self, steps: int) -> None:
+        """Train for at least ``steps`` optimizer steps, gossiping as the round plan says."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+        target = self.step + steps
+        while self.step < target:
+            await self.run_round()
+
+    async def run_round(self) -> None:
+        """One round: the phases of ``gossip.RoundPlan`` (gradient, step, exchange)."""
+        for phase in self.algorithm.plan.phases():
+            if phase == "gradient":
+                await asyncio.to_thread(self._gradient)
+            elif phase == "step":
+                await asyncio.to_thread(self._step)
+            else:
+                await self.gossip()
+
+    async def gossip(self) -> int:
+        """One exchange phase in the configured mode; returns how many neighbours took part."""
+        if self.config.mode == "async":
+            done = await self._gossip_async()
+        else:
+            done = await self._gossip_sync()
+        self.round += 1
+        self.metrics.round.set(self.round)
+        if self.round % VIEW_REFRESH_ROUNDS == 0:
+            await self.refresh_view()
+        return done
+
+    # ------------------------------------------------------------------ async (AD-PSGD)
+
+    def _snapshot(self) -> torch.Tensor:
+        with self.lock:
+            return self.flat.vector.clone()
+
+    def _envelope(self, vector: torch.Tensor) -> Envelope:
+        return Envelope(
+            sender=self.peer_id,
+            round=self.round,
+            step=self.step,
+            codec=self.codec.name,
+            payload=self.codec.encode(vector),
+        )
+
+    async def _gossip_async(self) -> int:
+        neighbours = self.membership.neighbours()
+        chosen = self._rng.sample(neighbours, min(self.config.fanout, len(neighbours)))
+        done = 0
+        for member in chosen:
+            done += await self._pairwise(member)
+        return done
+
+    async def _pairwise(self, member: Member) -> bool:
+        assert member.address is not None
+        sent = await asyncio.to_thread(self._snapshot)
+        started = time.perf_counter()
+        try:
+            reply = await self._client().exchange(
+                member.address, self._envelope(sent), codecs=self.codecs
+            )
+            if reply.sender != member.id:
+                raise UnknownPeer(
+                    f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
+                )
+            averaged = self.codecs[reply.codec].decode(reply.payload, self.spec)
+        except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
+            self.metrics.exchanges(role="caller", outcome="failed").inc()
+            self._failed(member, error)
+            return False
+        await asyncio.to_thread(self._add_locked, averaged, sent)
+        self.membership.record_success(member.id)
+        self.metrics.exchanges(role="caller", outcome="ok").inc()
+        self.metrics.exchange_seconds.observe(time.perf_counter() - started)
+        return True
+
+    def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
+        """x <- x + (average - sent): adopt the pair's average, keep progress made meanwhile."""
+        with self.lock, torch.no_grad():
+            self.flat.vector.add_(averaged).sub_(sent)
+
+    def _average_locked(self, other: torch.Tensor) -> torch.Tensor:
+        with self.lock, torch.no_grad():
+            averaged = average_pair(self.flat.vector, other, self.aggregator)
+            self.flat.vector.copy_(averaged)
+            return averaged
+
+    # ------------------------------------------------------------------ sync (D-PSGD)
+
+    async def _gossip_sync(self) -> int:
+        assert self._changed is not None
+        t = self.round
+        own = await asyncio.to_thread(self._snapshot)
+        async with self._changed:
+            self._published = self._envelope(own)
+            for sender in list(self._inbox):
+                rounds = self._inbox[sender]
+                for r in [r for r in rounds if r < t]:
+                    del rounds[r]
+            self._changed.notify_all()
+        expected = self._expected()
+        callees = [
+            m
+            for m in self.membership.neighbours()
+            if not (self._served.get(m.id) == t and t in self._inbox.get(m.id, {}))
+        ]
+        failed: set[str] = set()
+        tasks = [asyncio.create_task(self._sync_call(m, self._published, failed)) for m in callees]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.round_deadline_s
+
+        def complete() -> bool:
+            return all(j in failed or t in self._inbox.get(j, {}) for j in expected)
+
+        async with self._changed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(complete), max(deadline - loop.time(), 0)
+                )
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        present = [j for j in expected if t in self._inbox.get(j, {})]
+        if expected:
+            received = torch.stack(
+                [self._inbox[j][t] if j in present else own for j in expected]
+            ).to(self.spec.dtype)
+            mask = torch.tensor([j in present for j in expected])
+            weights = torch.full((len(expected),), 1.0 / (len(expected) + 1), dtype=self.spec.dtype)
+            await asyncio.to_thread(self._combine_locked, own, received, weights, mask)
+        for j in expected:
+            self._inbox.get(j, {}).pop(t, None)
+        return len(present)
+
+    def _expected(self) -> list[str]:
+        """Whose round-t model we wait for: neighbours we call, and client-only members
+        (no address) heard from within the last three deadlines."""
+        recent = time.monotonic() - 3 * self.config.round_deadline_s
+        return [
+            m.id
+            for m in self.membership.members("alive", "suspected")
+            if m.address is not None or m.last_seen >= recent
+        ]
+
+    async def _sync_call(self, member: Member, envelope: Envelope, failed: set[str]) -> None:
+        assert member.address is not None and self._changed is not None
+        try:
+            reply = await self._client().exchange(member.address, envelope, codecs=self.codecs)
+            if reply.sender != member.id:
+                raise UnknownPeer(
+                    f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
+                )
+            vector = self.codecs[reply.codec].decode(reply.payload, self.spec)
+        except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
+            self.metrics.exchanges(role="caller", outcome="failed").inc()
+            self._failed(member, error)
+            failed.add(member.id)
+        else:
+            self.membership.record_success(member.id)
+            self.metrics.exchanges(role="caller", outcome="ok").inc()
+            self._store(reply.sender, reply.round, vector)
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _store(self, sender: str, round_: int, vector: torch.Tensor) -> None:
+        """Keep a neighbour's model for this round or the next; older or further ahead is dropped."""
+        if self.round <= round_ <= self.round + 1:
+            self._inbox.setdefault(sender, {})[round_] = vector
+
+    def _combine_locked(
+        self, own: torch.Tensor, received: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
+    ) -> None:
+        with self.lock:
+            self.algorithm.combine(self.gossip_state, own, received, weights, mask)
+
+    # ------------------------------------------------------------------ server side
+
+    async def on_exchange(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
+        """Serve ``POST /v1/exchange`` (the body is already validated)."""
+        self.membership.observe(envelope.sender)
+        if self.config.mode == "async":
+            averaged = await asyncio.to_thread(self._average_locked, vector.to(self.spec.dtype))
+            return self._envelope(averaged)
+        assert self._changed is not None
+        async with self._changed:
+            self._store(envelope.sender, envelope.round, vector)
+            self._changed.notify_all()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(
+                        lambda: (
+                            self._published is not None and self._published.round >= envelope.round
+                        )
+                    ),
+                    self.config.round_deadline_s,
+                )
+            reply = self._published
+        if reply is None:
+            reply = self._envelope(await asyncio.to_thread(self._snapshot))
+        self._served[envelope.sender] = reply.round
+        return reply
+
+    def on_join(self, peer_id: object, address: object) -> list[dict[str, Any]]:
+        """Serve ``POST /v1/join``: admit (or re-admit) the newcomer, answer with our view."""
+        if not isinstance(peer_id, str):
+            raise InvalidSender(f"id must be a string, got {peer_id!r:.40}")
+        check_sender(peer_id)
+        if peer_id == self.peer_id:
+            raise UnknownPeer(f"id {peer_id!r} is already this peer's id; pick another")
+        if address is not None:
+            try:
+                check_address(address)
+            except ValueError as error:
+                raise MalformedBody(str(error)) from None
+        self.membership.observe(peer_id, address if isinstance(address, str) else None)
+        return self.membership.view()
+
+    def peers_view(self) -> list[dict[str, Any]]:
+        return self.membership.view()
+
+    async def state_envelope(self) -> Envelope:
+        vector = await asyncio.to_thread(self._snapshot)
+        return Envelope(
+            sender=self.peer_id,
+            round=self.round,
+            step=self.step,
+            codec="none",
+            payload=DenseCodec().encode(vector),
+        )
+
+    def status(self) -> dict[str, Any]:
+        counts = self.membership.counts()
+        for status, count in counts.items():
+            self.metrics.members.labels(status=status).set(count)
+        return {
+            "v": PROTOCOL_VERSION,
+            "id": self.peer_id,
+            "address": self.address,
+            "mode": self.config.mode,
+            "round": self.round,
+            "step": self.step,
+            "loss": None if math.isnan(self.loss) else self.loss,
+            "parameters": self.spec.numel,
+            "dtype": str(self.spec.dtype).removeprefix("torch."),
+            "codec": self.codec.name,
+            "aggregator": self.config.aggregator,
+            "neighbours": [m.to_json() for m in self.membership.members()],
+            "bytes_in": self.metrics.bytes_total("in"),
+            "bytes_out": self.metrics.bytes_total("out"),
+            "authenticated": self.secret is not None,
+        }
+
+    def render_metrics(self) -> bytes:
+        self.status()  # refreshes the member gauges
+        return self.metrics.render()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self) -> Path:
+        with self.lock:
+            return self._save_checkpoint_locked()
+
+    def _save_checkpoint_locked(self) -> Path:
+        directory = self.config.checkpoint_dir
+        if directory is None:
+            raise RuntimeError("PeerConfig.checkpoint_dir is not set")
+        state = self.optimizer.state_dict()
+        tensors: dict[str, torch.Tensor] = {"flat": self.flat.vector}
+        scalars: dict[str, Any] = {}
+        for index, entries in state["state"].items():
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optimizer.{index}.{key}"] = value
+                else:
+                    scalars[f"{index}.{key}"] = value
+        metadata = {
+            "optimizer": json.dumps({"param_groups": state["param_groups"], "scalars": scalars})
+        }
+        path = checkpoint.save_checkpoint(
+            directory,
+            tensors,
+            step=self.step,
+            round=self.round,
+            peer_id=self.peer_id,
+            metadata=metadata,
+            keep=self.config.keep_checkpoints,
+        )
+        self._last_checkpoint_step = self.step
+        return path
+
+    def _resume(self) -> None:
+        assert self.config.checkpoint_dir is not None
+        loaded = checkpoint.load_latest(self.config.checkpoint_dir)
+        if loaded is None:
+            logger.info("peer %s: no checkpoint to resume from, starting fresh", self.peer_id)
+            return
+        flat = loaded.tensors.get("flat")
+        if flat is None or flat.shape != self.flat.vector.shape or flat.dtype != self.spec.dtype:
+            raise checkpoint.CheckpointError(
+                f"{loaded.path}: 'flat' must be {self.spec.dtype} of shape ({self.spec.numel},) "
+                f"for this model, got {None if flat is None else (flat.dtype, tuple(flat.shape))}"
+            )
+        saved = json.loads(loaded.metadata.get("optimizer", "{}") or "{}")
+        state: dict[int, dict[str, Any]] = {}
+        for name, tensor in loaded.tensors.items():
+            if name.startswith("optimizer."):
+                _, index, key = name.split(".", 2)
+                state.setdefault(int(index), {})[key] = tensor
+        for name, value in saved.get("scalars", {}).items():
+            index, key = name.split(".", 1)
+            state.setdefault(int(index), {})[key] = value
+        with self.lock:
+            self.flat.load_(flat)
+            if "param_groups" in saved:
+                self.optimizer.load_state_dict(
+                    {"state": state, "param_groups": saved["param_groups"]}
+                )
+        self.step, self.round = loaded.step, loaded.round
+        self._last_checkpoint_step = loaded.step
+        self.resumed_from = loaded.path
+        logger.info("peer %s resumed from %s (step %d)", self.peer_id, loaded.path, loaded.step)

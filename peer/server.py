@@ -1,0 +1,189 @@
+"""The peer's HTTP server (aiohttp): endpoints, body caps, authentication, JSON errors.
+
+Endpoints (protocol version 1, see docs/protocol.md and peer/openapi.yaml):
+
+==========================  ==========  ======================================================
+``POST /v1/exchange``       msgpack     push-pull: caller's parameters in, ours out, one round trip
+``POST /v1/join``           JSON        announce ``{id, address}``; answer with our membership view
+``GET  /v1/peers``          JSON        our membership view
+``GET  /v1/state``          msgpack     the full model (dense codec) for a newcomer
+``GET  /v1/status``         JSON        id, round, step, loss, neighbours, bytes in/out (open)
+``GET  /metrics``           text        Prometheus exposition of this peer's registry (open)
+==========================  ==========  ======================================================
+
+One middleware runs before every handler: it refuses a body larger than the cap
+derived from the model size (413) -- aiohttp's ``client_max_size`` is set to the
+same cap -- and, when the swarm has a secret, refuses unsigned, wrongly signed,
+stale or replayed requests (401) before any handler reads the body. Every
+refusal is a :class:`~peer.errors.ProtocolError` answered as
+``{"error": code, "detail": message}``, and nothing has touched the model.
+Responses to signed requests are signed in turn (bound to the request's nonce).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import torch
+from aiohttp import web
+
+from peer.auth import RequestVerifier, sign_response
+from peer.codecs import Codec
+from peer.errors import BodyTooLarge, MalformedBody, ProtocolError, Unauthorized
+from peer.metrics import PeerMetrics
+from peer.wire import Envelope, ModelSpec, pack_envelope, unpack_envelope
+
+logger = logging.getLogger(__name__)
+
+MSGPACK = "application/msgpack"
+OPEN_PATHS = frozenset({"/v1/status", "/metrics"})
+"""Read-only endpoints that carry no model and answer without a signature."""
+MAX_JSON_BYTES = 1 << 20
+"""Cap on a JSON control body (join)."""
+
+
+class Service(Protocol):
+    """What the server needs from a peer (``peer.node.Peer`` implements it)."""
+
+    peer_id: str
+    spec: ModelSpec
+    max_body_bytes: int
+    codecs: dict[str, Codec]
+    verifier: RequestVerifier | None
+    secret: bytes | None
+    metrics: PeerMetrics
+
+    async def on_exchange(self, envelope: Envelope, vector: torch.Tensor) -> Envelope: ...
+
+    def on_join(self, peer_id: object, address: object) -> list[dict[str, Any]]: ...
+
+    def peers_view(self) -> list[dict[str, Any]]: ...
+
+    async def state_envelope(self) -> Envelope: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def render_metrics(self) -> bytes: ...
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(error: ProtocolError) -> web.Response:
+    return web.json_response(error.to_json(), status=error.status)
+
+
+def msgpack_response(envelope: Envelope) -> web.Response:
+    return web.Response(body=pack_envelope(envelope), content_type=MSGPACK)
+
+
+BODY = web.RequestKey("body", bytes)
+"""Where the middleware leaves the capped, authenticated request body for the handler."""
+
+
+def _body_of(request: web.Request) -> bytes:
+    return request[BODY]
+
+
+def build_app(service: Service) -> web.Application:
+    """The aiohttp application serving ``service``'s endpoints."""
+
+    @web.middleware
+    async def protocol(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonce = None
+        try:
+            if request.path in OPEN_PATHS:
+                return await handler(request)
+            if service.verifier is not None and "Authorization" not in request.headers:
+                raise Unauthorized("request is not signed: this swarm requires HMAC signatures")
+            length = request.content_length
+            if length is not None and length > service.max_body_bytes:
+                raise BodyTooLarge(f"body has {length} bytes, the cap is {service.max_body_bytes}")
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise BodyTooLarge(
+                    f"body exceeds the cap of {service.max_body_bytes} bytes"
+                ) from None
+            if service.verifier is not None:
+                nonce = service.verifier.verify(
+                    request.method, request.path_qs, request.headers, body
+                )
+            request[BODY] = body
+            service.metrics.bytes(direction="in").inc(len(body))
+            response = await handler(request)
+        except ProtocolError as error:
+            service.metrics.errors(code=error.code).inc()
+            logger.info("%s %s refused: %s", request.method, request.path, error.detail)
+            response = error_response(error)
+        except web.HTTPException as error:  # unknown path or method: same JSON error shape
+            code = error.reason.lower().replace(" ", "_")
+            detail = f"{request.method} {request.path}: {error.reason}"
+            response = web.json_response({"error": code, "detail": detail}, status=error.status)
+        if isinstance(response, web.Response) and response.body is not None:
+            body_out = response.body
+            if isinstance(body_out, bytes | bytearray):
+                service.metrics.bytes(direction="out").inc(len(body_out))
+                if service.secret is not None and nonce is not None:
+                    response.headers.update(
+                        sign_response(service.secret, response.status, nonce, bytes(body_out))
+                    )
+        return response
+
+    async def exchange(request: web.Request) -> web.StreamResponse:
+        try:
+            envelope = unpack_envelope(
+                _body_of(request), max_bytes=service.max_body_bytes, codecs=service.codecs
+            )
+            if envelope.sender == service.peer_id:
+                raise MalformedBody(f"sender {envelope.sender!r} is this peer's own id")
+            vector = service.codecs[envelope.codec].decode(envelope.payload, service.spec)
+        except ProtocolError:
+            service.metrics.exchanges(role="callee", outcome="refused").inc()
+            raise
+        reply = await service.on_exchange(envelope, vector)
+        service.metrics.exchanges(role="callee", outcome="ok").inc()
+        return msgpack_response(reply)
+
+    async def join(request: web.Request) -> web.StreamResponse:
+        body = _body_of(request)
+        if len(body) > MAX_JSON_BYTES:
+            raise BodyTooLarge(f"join body has {len(body)} bytes, the cap is {MAX_JSON_BYTES}")
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise MalformedBody('join body must be JSON {"id": ..., "address": ...}') from None
+        if not isinstance(obj, dict) or set(obj) != {"id", "address"}:
+            raise MalformedBody("join body must be a JSON object with exactly id and address")
+        view = service.on_join(obj["id"], obj["address"])
+        return web.json_response({"v": 1, "id": service.peer_id, "peers": view})
+
+    async def peers(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"v": 1, "id": service.peer_id, "peers": service.peers_view()})
+
+    async def state(request: web.Request) -> web.StreamResponse:
+        return msgpack_response(await service.state_envelope())
+
+    async def status(request: web.Request) -> web.StreamResponse:
+        return web.json_response(service.status())
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=service.render_metrics(), headers={"Content-Type": "text/plain; version=0.0.4"}
+        )
+
+    app = web.Application(middlewares=[protocol], client_max_size=service.max_body_bytes)
+    app.add_routes(
+        [
+            web.post("/v1/exchange", exchange),
+            web.post("/v1/join", join),
+            web.get("/v1/peers", peers),
+            web.get("/v1/state", state),
+            web.get("/v1/status", status),
+            web.get("/metrics", metrics),
+        ]
+    )
+    return app

@@ -1,0 +1,169 @@
+"""Real peers on loopback: joining, converging to the average, failures, resume, training."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+import torch
+
+from peer.client import PeerClient, PeerUnavailable, RemoteRefused
+from peer.node import Peer
+
+from .conftest import SECRET, started_peer
+
+
+async def swarm(stack: AsyncExitStack, n: int, **config: object) -> list[Peer]:
+    first = await stack.enter_async_context(started_peer("p0", seed=0, **config))
+    peers = [first]
+    for i in range(1, n):
+        peers.append(
+            await stack.enter_async_context(
+                started_peer(f"p{i}", seed=i, join=(first.address,), fetch_state=False, **config)
+            )
+        )
+    return peers
+
+
+def spread(peers: list[Peer]) -> float:
+    stacked = torch.stack([p.flat.vector for p in peers])
+    return float((stacked - stacked.mean(0)).abs().max())
+
+
+async def test_join_spreads_the_view_to_everyone() -> None:
+    async with AsyncExitStack() as stack:
+        peers = await swarm(stack, 3)
+        for p in peers:
+            others = {m.id for m in p.membership.neighbours()}
+            assert others == {q.peer_id for q in peers} - {p.peer_id}
+
+
+async def test_async_pairwise_gossip_converges_to_the_initial_average() -> None:
+    async with AsyncExitStack() as stack:
+        peers = await swarm(stack, 3)
+        average = torch.stack([p.flat.vector for p in peers]).mean(0)
+        start = spread(peers)
+        for _ in range(20):
+            done = await asyncio.gather(*(p.gossip() for p in peers))  # concurrent, interleaved
+            assert all(d == 1 for d in done)
+        assert spread(peers) < 1e-3 * start
+        for p in peers:  # the pair updates keep the sum: the consensus value is the average
+            torch.testing.assert_close(p.flat.vector, average, atol=1e-4, rtol=0)
+
+
+async def test_sync_round_on_a_complete_graph_reaches_the_average_in_one_round() -> None:
+    async with AsyncExitStack() as stack:
+        peers = await swarm(stack, 3, mode="sync", round_deadline_s=5.0)
+        average = torch.stack([p.flat.vector for p in peers]).mean(0)
+        done = await asyncio.gather(*(p.gossip() for p in peers))
+        assert done == [2, 2, 2]
+        for p in peers:  # W = J/3: one D-PSGD round is the exact average
+            torch.testing.assert_close(p.flat.vector, average, atol=1e-6, rtol=0)
+            assert p.round == 1
+
+
+async def test_sync_round_masks_a_dead_neighbour_and_suspects_it() -> None:
+    async with AsyncExitStack() as stack:
+        peers = await swarm(stack, 3, mode="sync", round_deadline_s=1.0, request_timeout_s=1.0)
+        dead = peers.pop()
+        await dead.stop()
+        before = [p.flat.vector.clone() for p in peers]
+        done = await asyncio.gather(*(p.gossip() for p in peers))
+        assert done == [1, 1]
+        # Weights 1/3 each; the dead one's 1/3 folds into the self weight: 2/3 own + 1/3 other.
+        torch.testing.assert_close(peers[0].flat.vector, (2 * before[0] + before[1]) / 3)
+        torch.testing.assert_close(peers[1].flat.vector, (2 * before[1] + before[0]) / 3)
+        assert peers[0].membership.get(dead.peer_id).status == "suspected"
+
+
+async def test_failing_neighbour_is_suspected_evicted_then_readmitted() -> None:
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(started_peer("a", request_timeout_s=1.0, evict_after=2))
+        async with started_peer("b", seed=1, join=(a.address,)) as b:
+            b_address = b.address
+            assert a.membership.get("b").status == "alive"
+        assert await a.gossip() == 0
+        assert a.membership.get("b").status == "suspected"
+        assert await a.gossip() == 0
+        assert a.membership.get("b").status == "evicted"
+        assert a.membership.neighbours() == []
+        _host, port = b_address.split(":")
+        async with started_peer("b", seed=1, port=int(port), join=(a.address,)) as b2:
+            assert a.membership.get("b").status == "alive"
+            assert await b2.gossip() == 1
+            assert await a.gossip() == 1
+
+
+async def test_newcomer_fetches_the_model_state() -> None:
+    async with started_peer("a", seed=0) as a, started_peer("b", seed=5, join=(a.address,)) as b:
+        assert torch.equal(a.flat.vector, b.flat.vector)
+
+
+async def test_client_only_peer_takes_part_through_its_own_calls() -> None:
+    async with (
+        started_peer("server", seed=0) as server,
+        started_peer(
+            "edge", seed=1, client_only=True, join=(server.address,), fetch_state=False
+        ) as edge,
+    ):
+        assert edge.address is None and edge._runner is None
+        average = (server.flat.vector + edge.flat.vector) / 2
+        assert await edge.gossip() == 1
+        torch.testing.assert_close(server.flat.vector, average)
+        torch.testing.assert_close(edge.flat.vector, average)
+        assert server.membership.get("edge").address is None
+        assert server.membership.neighbours() == []  # never called back
+
+
+async def test_wrong_secret_cannot_join() -> None:
+    async with started_peer("a") as a:
+        with pytest.raises(ConnectionError, match="unauthorized"):
+            async with started_peer("b", secret=b"some-other-secret-xyz", join=(a.address,)):
+                pass
+        assert "b" not in a.membership
+
+
+async def test_client_reports_unreachable_and_refusals() -> None:
+    client = PeerClient(secret=SECRET, timeout_s=1.0, max_body_bytes=1 << 20)
+    async with client, started_peer("a") as a:
+        with pytest.raises(PeerUnavailable):
+            await client.peers("127.0.0.1:1")
+        with pytest.raises(RemoteRefused) as info:
+            await client.request("POST", a.address, "/v1/exchange", b"\xc1")
+        assert info.value.status == 400 and info.value.code == "malformed_body"
+        small = PeerClient(secret=SECRET, timeout_s=1.0, max_body_bytes=10)
+        async with small:
+            from peer.errors import BodyTooLarge
+
+            with pytest.raises(BodyTooLarge):
+                await small.request("GET", a.address, "/v1/state")
+
+
+async def test_training_runs_in_a_worker_thread_and_gossips() -> None:
+    async with AsyncExitStack() as stack:
+        peers = await swarm(stack, 2)
+        await asyncio.gather(*(p.run(steps=6) for p in peers))
+        for p in peers:
+            assert p.step == 6 and p.round == 6 and p.loss == p.loss
+            status = p.status()
+            assert status["bytes_in"] > 0 and status["bytes_out"] > 0
+
+
+async def test_checkpoints_and_resume(tmp_path: Path) -> None:
+    async with started_peer("a", checkpoint_dir=str(tmp_path), checkpoint_every=2) as a:
+        await a.run(steps=5)
+        saved = a.flat.vector.clone()
+        optimizer_state = a.optimizer.state_dict()
+    assert a.step == 5
+    names = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert names[-1] == "checkpoint-000000000005.safetensors"  # final one written on stop
+    async with started_peer("a", seed=9, checkpoint_dir=str(tmp_path), resume=True) as resumed:
+        assert resumed.step == 5 and resumed.round == 5
+        assert torch.equal(resumed.flat.vector, saved)
+        state = resumed.optimizer.state_dict()
+        assert state["param_groups"] == optimizer_state["param_groups"]
+        momentum = state["state"][0]["momentum_buffer"]
+        assert momentum.abs().sum() > 0
+        assert torch.equal(momentum, optimizer_state["state"][0]["momentum_buffer"])
