@@ -115,8 +115,9 @@ def read_jsonl(path: str | Path) -> list[Record]:
     records = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.strip():
-            row = json.loads(line)
-            records.append(Record(**{k: (math.nan if v is None else v) for k, v in row.items()}))
+            row: dict[str, Any] = json.loads(line)
+            values: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in row.items()}
+            records.append(Record(**values))
     return records
 
 

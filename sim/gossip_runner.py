@@ -1,0 +1,254 @@
+"""Gossip algorithms from ``gossip/`` run over all n peers at once, with Byzantine peers.
+
+:class:`SynchronousGossip` drives any ``gossip.GossipAlgorithm`` (D-PSGD in either order,
+local SGD, push-sum/SGP, CHOCO with a compressor, robust gossip through a ``consensus``
+rule) exactly as its :class:`gossip.RoundPlan` says: ``gradient`` -> one ``vmap(grad)`` over
+the peers, ``step`` -> the batched optimizer, ``exchange`` -> ``message``, the compressor,
+a gather along the round's neighbour table (Byzantine senders' rows replaced by the attack)
+and ``combine``. The network model charges each round its critical path,
+``max_i (H·t_i + Σ_{j ∈ out(i)} (α_ij + M_enc/B_ij))``, with the compressor's real encoded
+bytes M_enc.
+
+:class:`AsynchronousGossip` is AD-PSGD (Lian et al., ICML 2018) driven by the discrete-event
+simulation of :func:`sim.network.asynchronous_gossip_events`: each peer computes a gradient,
+averages with one random neighbour (``gossip.pairwise_average``) and applies its gradient.
+Events are processed in time order, in waves of disjoint pairs (one vmap per wave).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from consensus.attacks import Attack
+from gossip.algorithms import GossipAlgorithm, pairwise_average
+from sim.algorithms import Context, RoundReport, _mean_loss
+from sim.engine import masked_step
+from sim.network import Event, asynchronous_gossip_events
+from topologies.schedules import Schedule
+
+
+def byzantine_messages(
+    attack: Attack,
+    sent: Tensor,
+    received: Tensor,
+    index: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    byzantine: Tensor,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``received [n, k, m]`` with every slot whose sender is Byzantine replaced by what the
+    attack sends to that receiver: it sees the receiver's own message and its honest
+    neighbours' messages (omniscient attacker), one batched attack call for all such slots."""
+    slots = mask & byzantine[index]
+    receivers, positions = slots.nonzero(as_tuple=True)
+    if receivers.numel() == 0:
+        return received
+    honest_mask = mask & ~byzantine[index]
+    target = sent[receivers]
+    honest = torch.cat([target.unsqueeze(1), received[receivers]], dim=1)
+    visible = torch.cat(
+        [torch.ones(receivers.numel(), 1, dtype=torch.bool), honest_mask[receivers]], dim=1
+    )
+    row_weights = torch.where(honest_mask, weights, 0.0)[receivers]
+    self_weight = (1.0 - torch.where(mask, weights, 0.0).sum(-1))[receivers]
+    honest_weights = torch.cat([self_weight.unsqueeze(1), row_weights], dim=1)
+    malicious = attack(
+        sent[index[receivers, positions]],
+        honest,
+        honest_mask=visible,
+        target=target,
+        honest_weights=honest_weights,
+        byzantine_weight=weights[receivers, positions],
+        generator=generator,
+    )
+    out = received.clone()
+    out[receivers, positions] = malicious.to(out.dtype)
+    return out
+
+
+@dataclass
+class SynchronousGossip:
+    """A ``gossip`` algorithm on a ``topologies.Schedule``, all peers in lock-step.
+
+    Args:
+        algorithm: e.g. ``gossip.DecentralizedSGD(aggregator=consensus.build("trimmed-mean:b=1"))``.
+        schedule: ``topologies.Static(W)``, ``OnePeerExponential(n)``, ``RandomMatching(n, seed)``...
+        attack: what Byzantine peers (``ctx.byzantine``) send instead of their messages.
+        name: the name in records (default: the algorithm's).
+    """
+
+    algorithm: GossipAlgorithm
+    schedule: Schedule
+    attack: Attack | None = None
+    name: str = ""
+    state: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.algorithm.name
+
+    def setup(self, ctx: Context) -> None:
+        if self.schedule.n != ctx.n:
+            raise ValueError(
+                f"schedule: has {self.schedule.n} nodes but the simulation has {ctx.n} peers"
+            )
+        self.state = self.algorithm.init(ctx.peers.params.clone())
+        self.parameters = self.algorithm.model(self.state)
+        self.optimizer = ctx.optimizer.build(self.parameters)
+        self.generator = torch.Generator().manual_seed(ctx.seed + 7)
+
+    def round(self, ctx: Context) -> RoundReport:
+        alive = ctx.alive()
+        table = self.schedule.neighbour_table(ctx.round)
+        losses = torch.full((ctx.n,), float("nan"))
+        grads: Tensor | None = None
+        local_steps = 0
+        exchanges = 0
+        sent_bytes = np.zeros(ctx.n)
+        for phase in self.algorithm.plan.phases():
+            if phase == "gradient":
+                x, y = ctx.batch()
+                losses, grads = ctx.peers.gradients(x, y, self.parameters)
+            elif phase == "step":
+                self.parameters.grad = grads
+                masked_step(self.optimizer, self.parameters, alive)
+                local_steps += 1
+            else:
+                sent_bytes += self._exchange(ctx, table, alive)
+                exchanges += 1
+        ctx.step_count[alive.numpy()] += local_steps
+        compute = np.zeros(ctx.n)
+        for local in range(local_steps):
+            compute += ctx.compute.sample(ctx.round * max(local_steps, 1) + local)
+        communication = exchanges * self._send_time(ctx, table, alive)
+        up = alive.numpy()
+        time = float((compute + communication)[up].max()) if up.any() else 0.0
+        honest_alive = alive & ctx.honest
+        return RoundReport(
+            time,
+            sent_bytes,
+            steps=int(up.sum()) * local_steps,
+            train_loss=_mean_loss(losses, honest_alive),
+        )
+
+    def _exchange(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
+        index = torch.as_tensor(table.index, dtype=torch.long)
+        mask = torch.as_tensor(table.mask, dtype=torch.bool)
+        mask = mask & alive[index] & alive.unsqueeze(1)
+        delivered = ctx.failures.delivered(ctx.round, tuple(index.shape))
+        mask &= torch.from_numpy(delivered)
+        message = self.algorithm.message(self.state)
+        weights = torch.as_tensor(table.weight, dtype=message.dtype)
+        self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype)
+        compressed = self.algorithm.compressor.compress(message, self.generator)
+        self.wire_bytes = compressed.wire_bytes
+        sent = compressed.values
+        received = sent[index]
+        if self.attack is not None and bool(ctx.byzantine.any()):
+            received = byzantine_messages(
+                self.attack, sent, received, index, weights, mask, ctx.byzantine
+            )
+        self.algorithm.combine(self.state, sent, received, weights, mask, self_weight)
+        # bytes: each live sender transmits its payload once per receiver that listens to it
+        listening = torch.as_tensor(table.mask, dtype=torch.bool) & alive.unsqueeze(1)
+        out_degree = np.bincount(index[listening].numpy(), minlength=ctx.n)
+        return np.where(alive.numpy(), out_degree * compressed.wire_bytes, 0).astype(np.float64)
+
+    def _send_time(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
+        """Per sender j: ``Σ_{i listening to j} (α_ji + M_enc/B_ji)`` for one exchange."""
+        mask = np.asarray(table.mask) & alive.numpy()[:, None]
+        receivers = np.broadcast_to(np.arange(ctx.n)[:, None], mask.shape)[mask]
+        senders = np.asarray(table.index)[mask]
+        size = getattr(self, "wire_bytes", ctx.model_bytes)
+        per_edge = ctx.links.transfer_time(senders, receivers, size)
+        return np.bincount(senders, weights=per_edge, minlength=ctx.n)
+
+    def models(self, ctx: Context) -> Tensor:
+        return self.parameters[ctx.honest]
+
+
+@dataclass
+class AsynchronousGossip:
+    """AD-PSGD (Lian et al., ICML 2018): each peer, at its own speed, takes a gradient at
+    ``x_i``, averages ``x_i, x_j <- (x_i + x_j)/2`` with one random neighbour and applies the
+    gradient, ``x_i <- x_i − η g_i``; a discrete-event simulation decides the order.
+
+    Args:
+        schedule: its round-0 neighbour table says who may pair with whom.
+        name: the name in records.
+    """
+
+    schedule: Schedule
+    name: str = "ad-psgd"
+
+    def setup(self, ctx: Context) -> None:
+        if self.schedule.n != ctx.n:
+            raise ValueError(
+                f"schedule: has {self.schedule.n} nodes but the simulation has {ctx.n} peers"
+            )
+        if bool(ctx.byzantine.any()):
+            raise ValueError("byzantine: asynchronous gossip runs without Byzantine peers")
+        self.parameters = ctx.peers.params.clone()
+        self.optimizer = ctx.optimizer.build(self.parameters)
+        table = self.schedule.neighbour_table(0)
+        self.events = asynchronous_gossip_events(
+            ctx.compute,
+            ctx.links,
+            np.asarray(table.index),
+            np.asarray(table.mask),
+            ctx.model_bytes,
+            total_steps=2**62,
+            failures=ctx.failures,
+            seed=ctx.seed,
+        )
+        self.pending: Event | None = None
+
+    def round(self, ctx: Context) -> RoundReport:
+        start = ctx.time
+        time = start
+        sent = np.zeros(ctx.n)
+        done = 0
+        losses_seen: list[Tensor] = []
+        while done < ctx.n:
+            wave: list[Event] = []
+            busy: set[int] = set()
+            while done + len(wave) < ctx.n:
+                event = self.pending if self.pending is not None else next(self.events)
+                self.pending = None
+                if event.peer in busy or event.partner in busy:
+                    self.pending = event
+                    break
+                wave.append(event)
+                busy.update({event.peer, event.partner} - {-1})
+            done += len(wave)
+            losses_seen.append(self._apply(ctx, wave, sent))
+            time = max(time, wave[-1].time)
+        loss = float(torch.cat(losses_seen).mean()) if losses_seen else float("nan")
+        return RoundReport(max(time - start, 0.0), sent, steps=done, train_loss=loss)
+
+    def _apply(self, ctx: Context, wave: list[Event], sent: np.ndarray) -> Tensor:
+        peers = torch.tensor([e.peer for e in wave])
+        x, y = ctx.batch()
+        losses, grads = ctx.peers.gradients(x[peers], y[peers], self.parameters[peers])
+        pairs = torch.tensor([[e.peer, e.partner] for e in wave if e.partner >= 0]).reshape(-1, 2)
+        pairwise_average(self.parameters, pairs)
+        full = torch.zeros_like(self.parameters)
+        full[peers] = grads
+        self.parameters.grad = full
+        active = torch.zeros(ctx.n, dtype=torch.bool)
+        active[peers] = True
+        masked_step(self.optimizer, self.parameters, active)
+        np.add.at(ctx.step_count, peers.numpy(), 1)
+        for e in wave:
+            if e.partner >= 0:
+                sent[e.peer] += ctx.model_bytes
+                sent[e.partner] += ctx.model_bytes
+        return losses
+
+    def models(self, ctx: Context) -> Tensor:
+        return self.parameters

@@ -1,0 +1,135 @@
+"""Gossip algorithms from gossip/ driven over all peers: exactness, Byzantine peers, time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import consensus
+import topologies
+from gossip.algorithms import Choco, DecentralizedSGD
+from gossip.compression import build_compressor
+from sim.algorithms import RingAllReduce
+from sim.gossip_runner import AsynchronousGossip, SynchronousGossip, byzantine_messages
+from sim.network import ComputeModel, Crash, Failures
+from sim.runner import run
+
+from .helpers import make_context
+
+
+def static(name: str, n: int, **params) -> topologies.Static:
+    return topologies.Static(topologies.mixing_matrix(topologies.build(name, n, **params)))
+
+
+def test_adapt_then_combine_on_the_complete_graph_is_allreduce() -> None:
+    # x_i <- (1/n) Σ_j (x_j − η g_j(x_j)) keeps every peer at the average: exact all-reduce
+    n = 4
+    gossip = SynchronousGossip(DecentralizedSGD(order="adapt-then-combine"), static("complete", n))
+    ctx, evaluation = make_context(n)
+    records = run(gossip, ctx, evaluation, rounds=6, eval_every=6)
+    ctx_ref, _ = make_context(n)
+    allreduce = RingAllReduce()
+    run(allreduce, ctx_ref, evaluation, rounds=6, eval_every=6)
+    models = gossip.models(ctx)
+    torch.testing.assert_close(models, allreduce.model.expand(n, -1), atol=1e-5, rtol=1e-5)
+    assert records[-1].consensus_distance < 1e-9
+
+
+def test_ring_gossip_learns_with_positive_consensus_distance_and_exact_bytes() -> None:
+    n = 8
+    gossip = SynchronousGossip(DecentralizedSGD(), static("ring", n))
+    ctx, evaluation = make_context(n, batch_size=16)
+    records = run(gossip, ctx, evaluation, rounds=40, eval_every=20)
+    assert records[-1].test_accuracy > 0.75
+    assert records[-1].consensus_distance > 0
+    wire = gossip.algorithm.compressor.wire_bytes(ctx.peers.dim)
+    assert wire >= ctx.model_bytes
+    assert records[-1].bytes_busiest == 40 * 2 * wire
+    assert records[-1].bytes_total == 40 * n * 2 * wire
+
+
+def test_compressed_choco_sends_fewer_bytes_and_still_learns() -> None:
+    n = 8
+    compressor = build_compressor("topk:ratio=0.1")
+    choco = SynchronousGossip(Choco(compressor, consensus_step=0.5), static("ring", n))
+    plain = SynchronousGossip(DecentralizedSGD(order="adapt-then-combine"), static("ring", n))
+    ctx, evaluation = make_context(n, batch_size=16)
+    compressed = run(choco, ctx, evaluation, rounds=40, eval_every=40)
+    ctx, evaluation = make_context(n, batch_size=16)
+    full = run(plain, ctx, evaluation, rounds=40, eval_every=40)
+    assert compressed[-1].bytes_total < full[-1].bytes_total / 4
+    assert compressed[-1].time < full[-1].time
+    assert compressed[-1].test_accuracy > 0.6
+
+
+def test_sign_flip_byzantine_peers_break_averaging_but_not_trimmed_mean() -> None:
+    n, f = 16, 3
+
+    def accuracy(rule: str) -> float:
+        gossip = SynchronousGossip(
+            DecentralizedSGD(aggregator=consensus.build(rule)),
+            static("complete", n),
+            attack=consensus.build_attack("sign-flip"),
+        )
+        ctx, evaluation = make_context(n, byzantine=f)
+        return run(gossip, ctx, evaluation, rounds=40, eval_every=40)[-1].test_accuracy
+
+    assert accuracy("mean") < 0.2
+    assert accuracy("trimmed-mean:b=3") > 0.65
+
+
+def test_byzantine_messages_replace_only_byzantine_slots_with_the_attack() -> None:
+    sent = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    index = torch.tensor([[1, 3], [0, 2], [1, 3], [2, 0]])
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    weights = torch.full((4, 2), 1 / 3)
+    byzantine = torch.tensor([False, False, False, True])
+    received = byzantine_messages(
+        consensus.build_attack("sign-flip"), sent, sent[index], index, weights, mask, byzantine
+    )
+    expected = sent[index].clone()
+    expected[0, 1] = -sent[3]
+    expected[2, 1] = -sent[3]
+    torch.testing.assert_close(received, expected)
+
+
+def test_crashed_peer_keeps_its_model_while_down_and_others_skip_it() -> None:
+    n = 6
+    failures = Failures(n, crashes=(Crash(peer=2, at=0.0),))
+    gossip = SynchronousGossip(DecentralizedSGD(), static("ring", n))
+    ctx, evaluation = make_context(n, failures=failures)
+    run(gossip, ctx, evaluation, rounds=5, eval_every=5)
+    torch.testing.assert_close(gossip.parameters[2], ctx.peers.params[2])
+    assert ctx.step_count[2] == 0 and ctx.step_count[0] == 5
+    assert bool(torch.isfinite(gossip.parameters).all())
+
+
+def test_message_loss_slows_consensus_but_keeps_models_finite() -> None:
+    n = 8
+    ctx, evaluation = make_context(n, failures=Failures(n, message_loss=0.5, seed=1))
+    lossy = run(
+        SynchronousGossip(DecentralizedSGD(), static("ring", n)), ctx, evaluation, rounds=20
+    )
+    assert np.isfinite(lossy[-1].test_loss)
+    assert lossy[-1].bytes_total > 0
+
+
+def test_one_straggler_ten_times_slower_hurts_sync_gossip_far_more_than_async() -> None:
+    n = 8
+    compute = ComputeModel(n, step_time=0.01, stragglers={3: 10.0})
+    ctx, evaluation = make_context(n, compute=compute)
+    sync = run(SynchronousGossip(DecentralizedSGD(), static("ring", n)), ctx, evaluation, rounds=20)
+    ctx_async, _ = make_context(n, compute=compute)
+    asynchronous = run(AsynchronousGossip(static("ring", n)), ctx_async, evaluation, rounds=20)
+    # same number of peer-steps (8 per round) in both
+    assert sync[-1].steps == asynchronous[-1].steps == 160
+    assert sync[-1].time > 5 * asynchronous[-1].time
+    assert ctx_async.step_count[3] < ctx_async.step_count[0]
+    assert asynchronous[-1].test_accuracy > 0.5
+
+
+def test_schedule_size_must_match() -> None:
+    ctx, evaluation = make_context(4)
+    with pytest.raises(ValueError, match="schedule: has 6 nodes"):
+        run(SynchronousGossip(DecentralizedSGD(), static("ring", 6)), ctx, evaluation, rounds=1)
