@@ -1,1 +1,89 @@
-"""Per-node decentralized update rules and compressors, shared by the simulator and the peer."""
+"""Per-node decentralized update rules and compressors, shared by the simulator and the peer.
+
+Every rule is written once over the vector convention (``own [*, d]``, ``received [*, k, m]``,
+``weights [*, k]``, ``mask [*, k]``): the simulator calls it with ``*`` = all n nodes, a peer
+with no batch. The runner protocol (init / model / message / combine plus a
+:class:`RoundPlan` of gradient, step and exchange phases) is documented in
+:mod:`gossip.algorithms` and ``docs/algorithms.md``.
+
+>>> import torch, gossip
+>>> algorithm = gossip.Choco(gossip.build_compressor("topk:ratio=0.1"), consensus_step=0.2)
+>>> algorithm.plan.phases()
+('gradient', 'step', 'exchange')
+"""
+
+from gossip.algorithms import (
+    ORDERS,
+    Aggregator,
+    Choco,
+    ChocoState,
+    DecentralizedSGD,
+    GossipAlgorithm,
+    GossipState,
+    NeighbourTableLike,
+    Order,
+    Phase,
+    PushSum,
+    PushSumState,
+    RoundPlan,
+    ad_psgd,
+    average_pair,
+    local_sgd,
+    pairwise_average,
+    synchronous_exchange,
+)
+from gossip.compression import (
+    COMPRESSORS,
+    BFloat16,
+    Compressed,
+    Compressor,
+    CompressorInfo,
+    ErrorFeedback,
+    Float16,
+    NoCompression,
+    Payload,
+    RandomK,
+    StochasticQuantization,
+    TopK,
+    build_compressor,
+    decode,
+)
+from gossip.flat import FlatParameters, LayoutEntry, ParameterLayout
+
+__all__ = [
+    "COMPRESSORS",
+    "ORDERS",
+    "Aggregator",
+    "BFloat16",
+    "Choco",
+    "ChocoState",
+    "Compressed",
+    "Compressor",
+    "CompressorInfo",
+    "DecentralizedSGD",
+    "ErrorFeedback",
+    "FlatParameters",
+    "Float16",
+    "GossipAlgorithm",
+    "GossipState",
+    "LayoutEntry",
+    "NeighbourTableLike",
+    "NoCompression",
+    "Order",
+    "ParameterLayout",
+    "Payload",
+    "Phase",
+    "PushSum",
+    "PushSumState",
+    "RandomK",
+    "RoundPlan",
+    "StochasticQuantization",
+    "TopK",
+    "ad_psgd",
+    "average_pair",
+    "build_compressor",
+    "decode",
+    "local_sgd",
+    "pairwise_average",
+    "synchronous_exchange",
+]

@@ -1,0 +1,561 @@
+"""Decentralized update rules, written once for both runners (simulator batched, peer unbatched).
+
+The runner protocol
+===================
+
+Every algorithm is a small object with four methods over the vector convention
+(``*`` = all n nodes in the simulator, nothing on a peer) and a :class:`RoundPlan`:
+
+``state = algorithm.init(x)``
+    ``x [*, d]`` is the starting model. D-PSGD and CHOCO keep ``x`` itself (no copy: a peer
+    passes its :class:`~gossip.flat.FlatParameters` vector and the module sees every update).
+``algorithm.model(state) -> [*, d]``
+    The vector the local optimizer steps **in place** and the loss is evaluated at
+    (``z = x / w`` for push-sum). A peer's flat buffer, a simulator's ``[n, d]`` parameter.
+``algorithm.message(state) -> [*, m]``
+    Called once per exchange, after that round's local steps: folds them into the
+    algorithm's variables and returns the vector every out-neighbour receives (``m = d``,
+    except push-sum: ``m = d + 1``, the weight rides as the last coordinate).
+``algorithm.combine(state, sent, received, weights, mask=None, self_weight=None) -> state``
+    ``sent [*, m]`` is this node's message as receivers decoded it; ``received [*, k, m]`` the
+    decoded messages of its k in-neighbours, ``weights [*, k]`` their mixing weights W_ij,
+    ``mask [*, k]`` False for padding and for messages that missed the deadline, and
+    ``self_weight [*]`` W_ii (only push-sum reads it; row-stochastic rules use the implicit
+    ``1 - sum_j W_ij mask_j``). Updates ``state`` in place and returns it.
+
+Between ``message`` and ``combine`` the runner transports: with ``c = algorithm.compressor``,
+the simulator calls ``c.compress(message, generator)`` (``.values`` is ``sent``; gather rows
+with the neighbour table's ``index`` for ``received``; ``.wire_bytes`` per row), a peer calls
+``payload, sent = c.encode_and_decode(message, generator)``, posts ``payload`` and decodes
+each neighbour's payload with ``c.decode(payload, m)``. :func:`synchronous_exchange` is the
+whole exchange for a simulator-style batch in one call.
+
+The plan says when gradients are taken, when the optimizer steps and when to exchange:
+:meth:`RoundPlan.phases` lists, for one round, ``"gradient"`` (loss gradient at
+``model(state)`` into the flat gradient buffer), ``"step"`` (``optimizer.step()`` on
+``model(state)``) and ``"exchange"`` (message, transport, combine)::
+
+    adapt-then-combine, H local steps:  gradient, step, ..., gradient, step, exchange
+    combine-then-adapt, H local steps:  gradient, exchange, step, (gradient, step) * (H - 1)
+    H = 0 (pure gossip/consensus):      exchange
+
+A runner iterates ``plan.phases()`` each round and does exactly that; it never branches on
+the algorithm. The local optimizer is any torch optimizer: a peer gives it
+``FlatParameters.parameter``; the simulator gives it one ``[n, d]`` parameter, which for
+element-wise optimizers (SGD, momentum, Nesterov, Adam, AdamW) is exactly n per-node
+optimizers.
+
+Pairwise gossip and AD-PSGD exchange with one partner at a time: :func:`average_pair` is what
+the two peers agree on, :func:`pairwise_average` applies a matching (disjoint pairs) to a
+batch at once; as a neighbour table a matching is ``k = 1`` with weight ``1/2``, so
+:class:`DecentralizedSGD` with such a table is pairwise averaging too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from consensus.mean import WeightedMean
+from gossip.compression import Compressor, NoCompression
+
+__all__ = [
+    "ORDERS",
+    "Aggregator",
+    "Choco",
+    "ChocoState",
+    "DecentralizedSGD",
+    "GossipAlgorithm",
+    "GossipState",
+    "NeighbourTableLike",
+    "Order",
+    "Phase",
+    "PushSum",
+    "PushSumState",
+    "RoundPlan",
+    "ad_psgd",
+    "average_pair",
+    "local_sgd",
+    "pairwise_average",
+    "synchronous_exchange",
+]
+
+Order = Literal["combine-then-adapt", "adapt-then-combine"]
+Phase = Literal["gradient", "step", "exchange"]
+ORDERS: tuple[Order, ...] = ("combine-then-adapt", "adapt-then-combine")
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """The ``consensus`` rule protocol: ``(own [*, d], neighbours [*, k, d], weights [*, k],
+    mask [*, k] | None) -> [*, d]``, with ``reset()`` for stateful rules."""
+
+    def __call__(
+        self, own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None = None
+    ) -> Tensor: ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """When to take gradients, step the optimizer and exchange, within one round.
+
+    Args:
+        order: ``"adapt-then-combine"`` (ATC: local steps, then mix what they produced) or
+            ``"combine-then-adapt"`` (CTA: gradient at the current model, mix, then apply that
+            gradient to the mixed model, as in Lian et al. 2017, Algorithm 1).
+        local_steps: optimizer steps per exchange, H >= 0 (H > 1 is local SGD; 0 = gossip
+            only, no training).
+    """
+
+    order: Order = "adapt-then-combine"
+    local_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+        steps = self.local_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"local_steps must be an int >= 0, got {steps!r}")
+
+    def phases(self) -> tuple[Phase, ...]:
+        """The round as a sequence of ``"gradient"``, ``"step"`` and ``"exchange"``."""
+        local: tuple[Phase, ...] = ("gradient", "step")
+        if self.local_steps == 0:
+            return ("exchange",)
+        if self.order == "adapt-then-combine":
+            return local * self.local_steps + ("exchange",)
+        return ("gradient", "exchange", "step") + local * (self.local_steps - 1)
+
+
+class GossipAlgorithm(Protocol):
+    """What :func:`synchronous_exchange`, the simulator and the peer drive (see module doc)."""
+
+    name: str
+    plan: RoundPlan
+    compressor: Compressor
+
+    def init(self, x: Tensor) -> object: ...
+    def model(self, state: object) -> Tensor: ...
+    def message(self, state: object) -> Tensor: ...
+    def combine(
+        self,
+        state: object,
+        sent: Tensor,
+        received: Tensor,
+        weights: Tensor,
+        mask: Tensor | None = None,
+        self_weight: Tensor | None = None,
+    ) -> object: ...
+
+
+def _check_model(x: Tensor) -> None:
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise ValueError(f"x must be a floating-point tensor of shape [*, d], got {x!r:.60}")
+
+
+def _compressor(compressor: Compressor | None) -> Compressor:
+    if compressor is None:
+        return NoCompression()
+    if not isinstance(compressor, Compressor):
+        raise ValueError(
+            f"compressor must be a gossip.Compressor (see build_compressor), got {compressor!r}"
+        )
+    return compressor
+
+
+def _aggregator(aggregator: Aggregator | None) -> Aggregator:
+    if aggregator is None:
+        return WeightedMean()
+    if not callable(aggregator):
+        raise ValueError(f"aggregator must be a consensus rule, got {aggregator!r}")
+    return aggregator
+
+
+# ----------------------------------------------------------------------------- D-PSGD
+
+
+@dataclass
+class GossipState:
+    """D-PSGD / local SGD / pairwise state: the model ``x [*, d]`` (shared, not copied)."""
+
+    x: Tensor
+
+
+class DecentralizedSGD:
+    """D-PSGD (Lian et al., NeurIPS 2017, "Can decentralized algorithms outperform centralized
+    algorithms?"), in both orders, with local steps and a pluggable mixing rule.
+
+    CTA: ``x_i <- sum_j W_ij x_j - eta g_i(x_i)`` (gradient at the pre-mixing model).
+    ATC: ``x_i <- sum_j W_ij (x_j - eta g_j(x_j))``.
+    With ``local_steps = H > 1`` and ATC this is decentralized local SGD (Lin et al. 2020,
+    "Don't use large mini-batches, use local SGD"; FedAvg's local steps without a server).
+
+    Args:
+        order: ``"combine-then-adapt"`` or ``"adapt-then-combine"``, see :class:`RoundPlan`.
+        local_steps: optimizer steps per exchange.
+        aggregator: the mixing rule ``(own, neighbours, weights, mask) -> [*, d]``; default
+            ``consensus`` ``mean`` (plain gossip averaging). Any robust ``consensus`` rule
+            (``trimmed-mean``, ``krum``, ``clipped-gossip``) makes this robust gossip.
+        compressor: applied to the model each node sends; the node keeps its own exact
+            model, so a lossy codec here is *naive* compressed gossip (use :class:`Choco`).
+
+    Requires of the topology: W row-stochastic (symmetric doubly-stochastic for the exact
+    average); time-varying tables allowed. State per node: x.
+    """
+
+    name = "dpsgd"
+
+    def __init__(
+        self,
+        *,
+        order: Order = "combine-then-adapt",
+        local_steps: int = 1,
+        aggregator: Aggregator | None = None,
+        compressor: Compressor | None = None,
+    ) -> None:
+        self.plan = RoundPlan(order, local_steps)
+        self.aggregator = _aggregator(aggregator)
+        self.compressor = _compressor(compressor)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(order={self.plan.order!r}, local_steps="
+            f"{self.plan.local_steps}, aggregator={self.aggregator!r}, "
+            f"compressor={self.compressor.spec!r})"
+        )
+
+    def init(self, x: Tensor) -> GossipState:
+        _check_model(x)
+        return GossipState(x)
+
+    def model(self, state: GossipState) -> Tensor:
+        return state.x
+
+    def message(self, state: GossipState) -> Tensor:
+        return state.x
+
+    def combine(
+        self,
+        state: GossipState,
+        sent: Tensor,
+        received: Tensor,
+        weights: Tensor,
+        mask: Tensor | None = None,
+        self_weight: Tensor | None = None,
+    ) -> GossipState:
+        """``x_i <- aggregator(x_i, received, weights, mask)``; own exact model, not ``sent``."""
+        with torch.no_grad():
+            mixed = self.aggregator(state.x, received.to(state.x.dtype), weights, mask)
+            state.x.copy_(mixed)
+        return state
+
+    def reset(self) -> None:
+        """Forget aggregator and error-feedback state."""
+        if hasattr(self.aggregator, "reset"):
+            self.aggregator.reset()
+        self.compressor.reset()
+
+
+def local_sgd(local_steps: int, **kwargs: object) -> DecentralizedSGD:
+    """Decentralized local SGD: H optimizer steps, then one gossip average (ATC)."""
+    return DecentralizedSGD(order="adapt-then-combine", local_steps=local_steps, **kwargs)  # type: ignore[arg-type]
+
+
+def ad_psgd(**kwargs: object) -> DecentralizedSGD:
+    """AD-PSGD (Lian et al., ICML 2018): gradient at x_i, average with one random neighbour
+    atomically (``x_i, x_j <- (x_i + x_j) / 2``), then apply the gradient: CTA over a matching.
+
+    Drive it with matchings (``topologies.RandomMatching`` tables, ``k = 1``, weight 1/2) or
+    :func:`pairwise_average`; a peer uses :func:`average_pair` for the atomic exchange.
+    """
+    return DecentralizedSGD(order="combine-then-adapt", **kwargs)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- pairwise
+
+
+_HALF = 0.5
+
+
+def average_pair(own: Tensor, other: Tensor, aggregator: Aggregator | None = None) -> Tensor:
+    """Randomized pairwise gossip (Boyd et al., IEEE Trans. Inf. Theory 2006):
+    ``x_i, x_j <- (x_i + x_j) / 2``. Both peers adopt this one result, so the pair's sum is
+    kept (up to one rounding of ``x_i + x_j``).
+
+    The passive peer computes it atomically (under its model lock) and answers with it.
+    """
+    if own.shape != other.shape:
+        raise ValueError(f"own and other must have one shape, got {own.shape} and {other.shape}")
+    weights = own.new_full((*own.shape[:-1], 1), _HALF)
+    return _aggregator(aggregator)(own, other.unsqueeze(-2), weights)
+
+
+def pairwise_average(x: Tensor, pairs: Tensor, aggregator: Aggregator | None = None) -> Tensor:
+    """Average each pair of a matching at once, in place: ``x[a], x[b] <- (x[a] + x[b]) / 2``.
+
+    Args:
+        x: ``[n, d]`` all nodes.
+        pairs: ``[m, 2]`` int node indices; every node in at most one pair.
+    Returns ``x``.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [n, d], got {tuple(x.shape)}")
+    if pairs.dim() != 2 or pairs.shape[-1] != 2 or pairs.is_floating_point():
+        raise ValueError(f"pairs must be an int tensor of shape [m, 2], got {tuple(pairs.shape)}")
+    pairs = pairs.to(torch.int64)
+    if pairs.numel():
+        flat = pairs.reshape(-1)
+        if int(flat.min()) < 0 or int(flat.max()) >= x.shape[0]:
+            raise ValueError(f"pairs must index nodes in [0, {x.shape[0]})")
+        if flat.unique().numel() != flat.numel():
+            raise ValueError("pairs must be disjoint (a matching): a node appears twice")
+    a, b = pairs[:, 0], pairs[:, 1]
+    averaged = average_pair(x[a], x[b], aggregator)
+    with torch.no_grad():
+        x[a] = averaged
+        x[b] = averaged
+    return x
+
+
+# ----------------------------------------------------------------------------- push-sum
+
+
+@dataclass
+class PushSumState:
+    """Push-sum state: numerator ``x [*, d]``, weight ``weight [*, 1]``, model ``z = x / w``."""
+
+    x: Tensor
+    weight: Tensor
+    z: Tensor
+
+
+class PushSum:
+    """Push-sum gossip (Kempe, Dobra & Gehrke, FOCS 2003) and Stochastic Gradient Push
+    (Assran et al., ICML 2019) for directed or asymmetric links.
+
+    ``x_i <- sum_j P_ij x_j``, ``w_i <- sum_j P_ij w_j`` (own term included), model
+    ``z_i = x_i / w_i``; SGP applies the local step to the numerator,
+    ``x_i <- x_i - eta g_i(z_i)``.
+
+    P must be column-stochastic (every sender splits all its mass: sum_i P_ij = 1); time
+    varying allowed. Pass the explicit ``self_weight`` P_ii to :meth:`combine` whenever rows
+    do not sum to one. State per node: x, w, z. Messages are ``[x, w]`` (``m = d + 1``).
+
+    Local steps: the optimizer steps ``z`` in place; :meth:`message` folds that into the
+    numerator as ``x <- x + (z - x / w)``, which is exactly SGP's ``x - eta g(z)``.
+    """
+
+    name = "push-sum"
+
+    def __init__(
+        self,
+        *,
+        order: Order = "adapt-then-combine",
+        local_steps: int = 1,
+        compressor: Compressor | None = None,
+    ) -> None:
+        self.plan = RoundPlan(order, local_steps)
+        self.compressor = _compressor(compressor)
+        self.aggregator = WeightedMean()
+
+    def __repr__(self) -> str:
+        return (
+            f"PushSum(order={self.plan.order!r}, local_steps={self.plan.local_steps}, "
+            f"compressor={self.compressor.spec!r})"
+        )
+
+    def init(self, x: Tensor) -> PushSumState:
+        _check_model(x)
+        with torch.no_grad():
+            return PushSumState(x.detach().clone(), x.new_ones((*x.shape[:-1], 1)), x)
+
+    def model(self, state: PushSumState) -> Tensor:
+        return state.z
+
+    def message(self, state: PushSumState) -> Tensor:
+        with torch.no_grad():
+            state.x.add_(state.z - state.x / state.weight)
+            return torch.cat([state.x, state.weight], dim=-1)
+
+    def combine(
+        self,
+        state: PushSumState,
+        sent: Tensor,
+        received: Tensor,
+        weights: Tensor,
+        mask: Tensor | None = None,
+        self_weight: Tensor | None = None,
+    ) -> PushSumState:
+        """``(x, w)_i <- P_ii (x, w)_i + sum_j P_ij (x, w)_j``; then ``z_i <- x_i / w_i``."""
+        own = torch.cat([state.x, state.weight], dim=-1)
+        with torch.no_grad():
+            received = received.to(own.dtype)
+            weights = weights.to(own.dtype)
+            if self_weight is None:
+                mixed = self.aggregator(own, received, weights, mask)
+            else:
+                # sum_j P_ij v_j = r_i * mean_i(v) with the row total r_i = P_ii + sum_j P_ij:
+                # the weighted mean with weights P_ij / r_i has implicit self weight P_ii / r_i.
+                present = weights if mask is None else torch.where(mask, weights, 0.0)
+                total = torch.as_tensor(self_weight, dtype=own.dtype) + present.sum(-1)
+                if not bool((total > 0).all()):
+                    raise ValueError("push-sum needs self_weight + sum of weights > 0 per node")
+                mixed = self.aggregator(own, received, weights / total.unsqueeze(-1), mask)
+                mixed.mul_(total.unsqueeze(-1))
+            d = state.x.shape[-1]
+            state.x.copy_(mixed[..., :d])
+            state.weight.copy_(mixed[..., d:])
+            if not bool((state.weight > 0).all()):
+                raise ValueError(
+                    "push-sum weight became <= 0: the mixing matrix must be column-stochastic "
+                    "with nonnegative entries"
+                )
+            torch.div(state.x, state.weight, out=state.z)
+        return state
+
+    def reset(self) -> None:
+        self.compressor.reset()
+
+
+# ----------------------------------------------------------------------------- CHOCO
+
+
+@dataclass
+class ChocoState:
+    """CHOCO state: model ``x``, public copy ``public`` (x̂_i) and ``public_mix``
+    (``sum_j W_ij x̂_j``, own term included), all ``[*, d]``."""
+
+    x: Tensor
+    public: Tensor
+    public_mix: Tensor
+
+
+class Choco:
+    """CHOCO-Gossip and CHOCO-SGD (Koloskova, Stich & Jaggi, ICML 2019, "Decentralized
+    stochastic optimization and gossip algorithms with compressed communication").
+
+    ``q_i = Q(x_i - x̂_i)``; ``x̂_j <- x̂_j + q_j`` for j = i and all neighbours;
+    ``x_i <- x_i + gamma sum_j W_ij (x̂_j - x̂_i)``. Each node keeps ``sum_j W_ij x̂_j`` rather
+    than every neighbour's x̂_j (memory 3d, the paper's memory-efficient form).
+
+    Args:
+        compressor: Q, any codec (biased ones included; CHOCO compensates by itself).
+        consensus_step: gamma in (0, 1]; smaller for more aggressive compression.
+        order, local_steps: CHOCO-SGD is ATC with one local step; ``local_steps=0`` is
+            CHOCO-Gossip (average consensus).
+
+    Requires W symmetric doubly-stochastic (average preserved) and reliable delivery: a
+    masked message desynchronizes the public copies. Time-varying W is not covered by the
+    paper's analysis.
+    """
+
+    name = "choco"
+
+    def __init__(
+        self,
+        compressor: Compressor,
+        *,
+        consensus_step: float,
+        order: Order = "adapt-then-combine",
+        local_steps: int = 1,
+    ) -> None:
+        gamma = consensus_step
+        if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
+            raise ValueError(f"consensus_step must be in (0, 1], got {gamma!r}")
+        self.consensus_step = float(gamma)
+        self.plan = RoundPlan(order, local_steps)
+        self.compressor = _compressor(compressor)
+        self.aggregator = WeightedMean()
+
+    def __repr__(self) -> str:
+        return (
+            f"Choco({self.compressor.spec!r}, consensus_step={self.consensus_step:g}, "
+            f"order={self.plan.order!r}, local_steps={self.plan.local_steps})"
+        )
+
+    def init(self, x: Tensor) -> ChocoState:
+        _check_model(x)
+        return ChocoState(x, torch.zeros_like(x), torch.zeros_like(x))
+
+    def model(self, state: ChocoState) -> Tensor:
+        return state.x
+
+    def message(self, state: ChocoState) -> Tensor:
+        return state.x.detach() - state.public
+
+    def combine(
+        self,
+        state: ChocoState,
+        sent: Tensor,
+        received: Tensor,
+        weights: Tensor,
+        mask: Tensor | None = None,
+        self_weight: Tensor | None = None,
+    ) -> ChocoState:
+        """``x̂ += q``, ``sum_j W_ij x̂_j += sum_j W_ij q_j``, ``x += gamma (sum_j W_ij x̂_j - x̂)``."""
+        with torch.no_grad():
+            sent = sent.to(state.x.dtype)
+            state.public.add_(sent)
+            state.public_mix.add_(self.aggregator(sent, received.to(sent.dtype), weights, mask))
+            state.x.add_(state.public_mix - state.public, alpha=self.consensus_step)
+        return state
+
+    def reset(self) -> None:
+        self.compressor.reset()
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+class NeighbourTableLike(Protocol):
+    """``topologies.NeighbourTable`` (numpy arrays) or the same fields as tensors."""
+
+    @property
+    def index(self) -> np.ndarray | Tensor: ...
+    @property
+    def weight(self) -> np.ndarray | Tensor: ...
+    @property
+    def mask(self) -> np.ndarray | Tensor: ...
+    @property
+    def self_weight(self) -> np.ndarray | Tensor: ...
+
+
+def synchronous_exchange(
+    algorithm: GossipAlgorithm,
+    state: object,
+    table: NeighbourTableLike,
+    *,
+    generator: torch.Generator | None = None,
+    delivered: Tensor | None = None,
+) -> int:
+    """One synchronous exchange of all n nodes: message, compress, gather, combine.
+
+    Args:
+        algorithm, state: an algorithm and its batched state (leading dimension n).
+        table: who receives whom: ``index [n, k]``, ``weight [n, k]``, ``mask [n, k]``,
+            ``self_weight [n]``.
+        generator: randomness of stochastic codecs.
+        delivered: optional ``[n, k]`` bool, False for messages lost in transit (and-ed
+            with ``table.mask``).
+    Returns the bytes each node put on the wire (one payload per node, broadcast).
+    """
+    message = algorithm.message(state)
+    n = message.shape[0]
+    index = torch.as_tensor(table.index, dtype=torch.int64)
+    if index.dim() != 2 or index.shape[0] != n:
+        raise ValueError(f"table.index must have shape [n={n}, k], got {tuple(index.shape)}")
+    weights = torch.as_tensor(table.weight, dtype=message.dtype)
+    mask = torch.as_tensor(table.mask, dtype=torch.bool)
+    self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype)
+    if delivered is not None:
+        mask = mask & delivered
+    compressed = algorithm.compressor.compress(message, generator)
+    sent = compressed.values
+    algorithm.combine(state, sent, sent[index], weights, mask, self_weight)
+    return compressed.wire_bytes
