@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import operator
 import random
+from collections.abc import Callable
 
 import networkx as nx
 import numpy as np
@@ -180,9 +181,9 @@ def hypercube(n: int) -> nx.Graph:
     return _from_edges(count, edges[edges[:, 0] < edges[:, 1]])
 
 
-def _connected_draw(name: str, parameter: str, draw: object, hint: str) -> nx.Graph:
+def _connected_draw(name: str, parameter: str, draw: Callable[[], nx.Graph], hint: str) -> nx.Graph:
     for _ in range(CONNECT_TRIES):
-        graph = draw()  # type: ignore[operator]
+        graph = draw()
         if nx.is_connected(graph):
             return _ordered(graph)
     raise TopologyError(

@@ -7,6 +7,8 @@ sparse form from the graph's edge array: no dense n x n intermediate, no per-edg
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import networkx as nx
 import numpy as np
 import scipy.sparse as sp
@@ -45,7 +47,11 @@ def _assemble(
     return matrix
 
 
-def _symmetric_weights(graph: nx.Graph, scheme: str, edge_weight: object) -> sp.csr_array:
+EdgeWeight = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""(degrees [n], u [m], v [m]) -> the weight of each undirected edge u ~ v, [m]."""
+
+
+def _symmetric_weights(graph: nx.Graph, scheme: str, edge_weight: EdgeWeight) -> sp.csr_array:
     if graph.is_directed():
         raise TopologyError(
             "weights",
@@ -54,7 +60,7 @@ def _symmetric_weights(graph: nx.Graph, scheme: str, edge_weight: object) -> sp.
         )
     n, u, v = _edge_array(graph)
     degree = np.bincount(np.concatenate([u, v]), minlength=n).astype(np.float64)
-    w = edge_weight(degree, u, v)  # type: ignore[operator]
+    w = edge_weight(degree, u, v)
     off_diagonal = np.bincount(u, w, minlength=n) + np.bincount(v, w, minlength=n)
     return _assemble(
         n,
