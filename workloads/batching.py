@@ -11,8 +11,8 @@ so they see the *same* samples. With ``key_i = splitmix64(splitmix64(seed) ^ i)`
   stream of epochs, epoch ``e`` being a random permutation ``pi_{i,e}`` of its
   shard; step ``t`` takes stream positions ``t*B .. t*B+B-1``, i.e.
   ``position = pi_{i,e}(p mod size_i)`` with ``e = p div size_i``. The
-  permutation is evaluated pointwise by a 4-round Feistel network keyed by
-  ``(key_i, e)`` on the next power-of-four domain, with cycle walking (Black &
+  permutation is evaluated pointwise by a 6-round Feistel network keyed by
+  ``(key_i, e)`` on the next power-of-two domain, with cycle walking (Black &
   Rogaway 2002) down to ``0 .. size_i - 1``: every sample once per epoch.
 
 No generator state is kept: step ``t`` of peer ``i`` is reproducible on its
@@ -72,7 +72,7 @@ def splitmix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
-_FEISTEL_ROUNDS = 4
+_FEISTEL_ROUNDS = 6
 
 
 def feistel_permutation(
@@ -80,34 +80,42 @@ def feistel_permutation(
 ) -> torch.Tensor:
     """pi_key(v): a keyed pseudo-random permutation of ``0 .. size-1``, evaluated elementwise.
 
-    A balanced Feistel network (Luby & Rackoff 1988) on ``2h`` bits, with
-    ``4^h >= size``, is a bijection of ``0 .. 4^h - 1``; cycle walking (Black
-    & Rogaway 2002) re-applies it until the value falls below ``size``, which
-    restricts it to a bijection of ``0 .. size-1``. All arguments broadcast;
-    ``values`` must lie in ``0 .. size-1``.
+    An alternating Feistel network (Luby & Rackoff 1988) on the ``k`` bits of
+    ``size - 1`` splits ``v`` into a high part L (ceil(k/2) bits) and a low
+    part R and applies 6 rounds L ^= F(R), R ^= F(L) with
+    F = splitmix64(. ^ round key): each round is invertible, so this is a
+    bijection of ``0 .. 2^k - 1``. Cycle walking (Black & Rogaway 2002)
+    re-applies it until the value falls below ``size``, which restricts it to a
+    bijection of ``0 .. size-1``; since ``2^k < 2 size`` that takes fewer than
+    two applications on average. All arguments broadcast; ``values`` must lie
+    in ``0 .. size-1``.
     """
     values, sizes, keys = torch.broadcast_tensors(
         values.to(torch.int64), sizes.to(torch.int64), keys.to(torch.int64)
     )
     shape = values.shape
     values, sizes, keys = values.flatten(), sizes.flatten(), keys.flatten()
-    # h = ceil(bits(size - 1) / 2), at least 1, so that 4^h >= size.
-    bit_length = torch.floor(torch.log2((sizes - 1).clamp(min=1).double())).long() + 1
-    half = ((bit_length + 1) // 2).clamp(min=1)
-    mask = torch.bitwise_left_shift(torch.ones_like(half), half) - 1
-    round_keys = [splitmix64(keys + r) for r in range(_FEISTEL_ROUNDS)]
+    bits = torch.floor(torch.log2((sizes - 1).clamp(min=1).double())).long() + 1  # >= 1
+    low_bits = bits // 2
+    high_mask = torch.bitwise_left_shift(torch.ones_like(bits), bits - low_bits) - 1
+    low_mask = torch.bitwise_left_shift(torch.ones_like(bits), low_bits) - 1
+    round_keys = [splitmix64(keys)]
+    for _ in range(_FEISTEL_ROUNDS - 1):
+        round_keys.append(splitmix64(round_keys[-1]))
 
-    def encrypt(x: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
-        h, m = half[which], mask[which]
-        left, right = torch.bitwise_right_shift(x, h), x & m
-        for key in round_keys:
-            left, right = right, left ^ (splitmix64(right ^ key[which]) & m)
-        return torch.bitwise_left_shift(left, h) | right
+    def encrypt(x: torch.Tensor, which: torch.Tensor | slice) -> torch.Tensor:
+        shift, high_m, low_m = low_bits[which], high_mask[which], low_mask[which]
+        high, low = torch.bitwise_right_shift(x, shift), x & low_m
+        for r, key in enumerate(round_keys):
+            if r % 2 == 0:
+                high = high ^ (splitmix64(low ^ key[which]) & high_m)
+            else:
+                low = low ^ (splitmix64(high ^ key[which]) & low_m)
+        return torch.bitwise_left_shift(high, shift) | low
 
-    everything = torch.arange(len(values))
-    result = encrypt(values, everything)
-    outside = everything[result >= sizes]
-    while outside.numel():  # expected < 4 passes: the domain is < 4 * size
+    result = encrypt(values, slice(None))
+    outside = torch.nonzero(result >= sizes).flatten()
+    while outside.numel():  # each pass keeps < 1/2 of the walkers on average
         walked = encrypt(result[outside], outside)
         result[outside] = walked
         outside = outside[walked >= sizes[outside]]

@@ -145,6 +145,19 @@ def test_feistel_permutation_depends_on_the_key_and_broadcasts() -> None:
     assert torch.equal(both[1], feistel_permutation(values[:17], torch.tensor(17), torch.tensor(9)))
 
 
+def test_feistel_permutation_spreads_every_position_uniformly() -> None:
+    # 4,000 keys (as the sampler derives them), size 10: where does position j land?
+    keys = splitmix64(torch.arange(4000))[:, None]
+    permuted = feistel_permutation(torch.arange(10)[None, :], torch.tensor(10), keys)
+    for j in range(10):
+        counts = torch.bincount(permuted[:, j], minlength=10).double()
+        chi_square = float(((counts - 400) ** 2 / 400).sum())
+        assert chi_square < 27.9, (j, chi_square)  # 99.9th percentile, 9 degrees of freedom
+    # Neighbouring positions are not tied together: P(pi(1) = pi(0) + 1 mod 10) ~ 1/9.
+    follows = (permuted[:, 1] - permuted[:, 0]) % 10 == 1
+    assert abs(float(follows.double().mean()) - 1 / 9) < 0.03
+
+
 @pytest.mark.parametrize("batch_size", [1, 4, 7, 25])
 def test_without_replacement_every_sample_once_per_epoch(batch_size: int) -> None:
     sizes = [7, 10, 3, 16]
