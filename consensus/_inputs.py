@@ -223,6 +223,7 @@ def pairwise_squared_distances(hood: Neighbourhood, centred: Tensor | None = Non
     dist[:, idx, idx] = 0.0
     present = hood.set_mask()
     absent = ~(present[:, :, None] & present[:, None, :])
+    dist = (dist + dist.transpose(1, 2)) / 2  # exactly symmetric, so ties are exact
     return dist.masked_fill_(absent, float("inf"))
 
 

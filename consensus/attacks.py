@@ -213,9 +213,9 @@ class ALittleIsEnough(AttackBase):
 
     Baruch, Baruch & Goldberg, "A little is enough: circumventing defenses
     for distributed learning" (NeurIPS 2019): z = Phi^-1((n-f-s)/(n-f)),
-    s = floor(n/2+1) - f, see :func:`alie_z`. n defaults to h + f (the honest
-    messages seen plus the Byzantine ones); ``z`` overrides the formula, which
-    gives z ~ 0 for small n.
+    s = floor(n/2+1) - f, see :func:`alie_z`. n defaults, per node, to the
+    number of present honest messages plus f; ``z`` overrides the formula,
+    which gives z ~ 0 for small n.
     """
 
     name = "alie"
@@ -238,8 +238,15 @@ class ALittleIsEnough(AttackBase):
     ) -> Tensor:
         honest, honest_mask = _required(self.name, honest, honest_mask)
         mean, std = honest_statistics(honest, honest_mask)
-        z = self.z if self.z is not None else alie_z(self.n or honest.shape[-2] + self.f, self.f)
-        return mean - z * std
+        if self.z is not None:
+            return mean - self.z * std
+        if self.n is not None:
+            return mean - alie_z(self.n, self.f) * std
+        # n = the honest messages this node sees plus the f Byzantine ones, per node
+        sizes = honest_mask.sum(-1) + self.f
+        z = torch.stack([torch.tensor(alie_z(int(n), self.f)) for n in sizes.unique()])
+        per_node = z[torch.searchsorted(sizes.unique(), sizes)]
+        return mean - per_node.to(mean.dtype).unsqueeze(-1) * std
 
 
 class InnerProductManipulation(AttackBase):

@@ -90,7 +90,7 @@ def build(spec: str) -> Rule:
     """Build an aggregation rule from a spec such as ``trimmed-mean:b=2`` or ``nnm+krum:f=1``.
 
     Wrappers (``bucketing``, ``nnm``) come first, joined by ``+``; exactly one
-    rule comes last. A wrapper's ``f`` defaults to the final rule's ``f``
+    rule comes last. A wrapper's ``f`` defaults to the final rule's ``f`` (or ``b``)
     (or 1). Raises ``ValueError`` naming the unknown name or parameter and
     listing the choices.
     """
@@ -110,7 +110,7 @@ def build(spec: str) -> Rule:
                 f"{', '.join(e.name for e in AGGREGATORS.values() if e.wrapper)} may come before '+'"
             )
     rule: Rule = last.factory(**_arguments(last, last_kwargs))
-    budget = getattr(rule, "f", 1)
+    budget = getattr(rule, "f", getattr(rule, "b", 1))
     for entry, kwargs in reversed(wrappers):
         arguments = _arguments(entry, kwargs)
         if "f" in arguments and arguments["f"] is None:

@@ -35,14 +35,27 @@ def krum_scores(distances: Tensor, candidates: Tensor, f: Tensor) -> Tensor:
     return scores.masked_fill(~candidates, float("inf"))
 
 
+def best_candidate(scores: Tensor, distances: Tensor, candidates: Tensor) -> Tensor:
+    """[B] index of the lowest score; exact ties go to the smallest total distance to the set.
+
+    The tie-break depends only on the vectors, not on the order of the
+    neighbours, so the choice is permutation invariant (Bulyan's last steps
+    and symmetric configurations produce exact ties).
+    """
+    scores = torch.where(candidates, scores.nan_to_num(posinf=_LARGE), float("inf"))
+    lowest = scores == scores.min(-1, keepdim=True).values
+    total = distances.nan_to_num(posinf=0.0).sum(-1)
+    return torch.where(lowest, total, float("inf")).argmin(-1)
+
+
 class Krum(Rule):
     """Krum, spec name ``krum:f=F``: x_i <- x_c with c = argmin_c sum_{j in N_c} ||x_c - x_j||^2.
 
     N_c holds the n - f - 2 vectors closest to x_c. Blanchard et al.,
     "Machine learning with adversaries: Byzantine tolerant gradient descent"
     (NeurIPS 2017). Needs n > 2f+2. Mixing weights play no part in the
-    choice (selection returns one input unchanged); ties go to the own vector
-    first, then to the lowest neighbour slot.
+    choice (selection returns one input unchanged); exact ties go to the
+    candidate with the smallest total distance to the whole set.
     """
 
     name = "krum"
@@ -56,8 +69,10 @@ class Krum(Rule):
             raise bound_error(self.name, "n > 2f+2", n=n, f=self.f)
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
-        scores = krum_scores(pairwise_squared_distances(hood), hood.set_mask(), hood.budget(self.f))
-        best = scores.argmin(-1)  # first minimum: own (index 0) wins ties
+        distances = pairwise_squared_distances(hood)
+        present = hood.set_mask()
+        scores = krum_scores(distances, present, hood.budget(self.f))
+        best = best_candidate(scores, distances, present)
         slot = (best - 1).clamp_min(0).view(-1, 1, 1).expand(-1, 1, hood.dim)
         chosen = hood.neighbours.gather(1, slot).squeeze(1)
         return torch.where((best == 0)[:, None], hood.own, chosen)
@@ -87,7 +102,10 @@ class MultiKrum(Krum):
         distances = pairwise_squared_distances(hood, centred)
         f = hood.budget(self.f)
         scores = krum_scores(distances, hood.set_mask(), f)
-        rank = scores.argsort(dim=-1, stable=True).argsort(-1)
+        # rank by score, exact ties by total distance to the set (order-independent)
+        by_total = distances.nan_to_num(posinf=0.0).sum(-1).argsort(dim=-1, stable=True)
+        by_score = scores.gather(-1, by_total).argsort(dim=-1, stable=True)
+        rank = by_total.gather(-1, by_score).argsort(-1)
         m = hood.size - f if self.m is None else torch.clamp(hood.size, max=self.m)
         chosen = rank < m[:, None]
         return renormalised_average(hood, chosen, centred)
@@ -123,10 +141,8 @@ class Bulyan(Rule):
         rows = torch.arange(hood.batch, device=remaining.device)
         for step in range(int(theta.max())):
             active = step < theta
-            scores = krum_scores(distances, remaining, f)
-            # a lone remaining candidate has no neighbours left to score against (inf): still pick it
-            scores = torch.where(remaining, scores.nan_to_num(posinf=_LARGE), float("inf"))
-            best = scores.argmin(-1)
+            # a lone remaining candidate scores inf (no one left to compare): still pick it
+            best = best_candidate(krum_scores(distances, remaining, f), distances, remaining)
             pick = torch.zeros_like(remaining)
             pick[rows, best] = active
             selected |= pick

@@ -17,10 +17,17 @@ from consensus.base import Rule, bound_error, check_int
 
 
 def _sorted_set(hood: Neighbourhood) -> tuple[Tensor, Tensor]:
-    """Per-coordinate ascending values [B, n, d] (absent = +inf, last) and their weights."""
-    values, order = hood.stacked(float("inf")).sort(dim=1)
+    """Per-coordinate ascending values [B, n, d] (absent = +inf, last) and their weights.
+
+    Equal values are ordered by weight (the set is put in weight order before
+    a stable sort), so which of two tied members gets trimmed does not depend
+    on the order of the neighbours.
+    """
+    by_weight = hood.set_weights().sort(dim=-1, stable=True)
+    rows = torch.arange(hood.batch, device=by_weight.indices.device)[:, None]
+    values, order = hood.stacked(float("inf"))[rows, by_weight.indices].sort(dim=1, stable=True)
     n, d = values.shape[1], values.shape[2]
-    weights = hood.set_weights()[:, :, None].expand(-1, n, d).gather(1, order)
+    weights = by_weight.values[:, :, None].expand(-1, n, d).gather(1, order)
     return values, weights
 
 
