@@ -100,7 +100,7 @@ def test_dumbbell_is_two_cliques_and_one_bridge(n: int) -> None:
     ("call", "parameter", "fragment"),
     [
         (lambda: topologies.ring(1), "n", "n >= 2"),
-        (lambda: topologies.ring(2.5), "n", "integer"),
+        (lambda: topologies.ring(2.5), "n", "integer"),  # type: ignore[arg-type]
         (lambda: topologies.ring(True), "n", "integer"),
         (lambda: topologies.hypercube(12), "n", "power of two"),
         (lambda: topologies.torus(13), "n", "prime"),

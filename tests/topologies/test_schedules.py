@@ -109,9 +109,11 @@ def test_static_and_protocol() -> None:
     static = Static(W)
     assert (static.mixing(0) != W).nnz == 0 and (static.mixing(99) != W).nnz == 0
     assert (static.neighbour_table(3).to_matrix() != W).nnz == 0
-    for schedule in [static, OnePeerExponential(8), RandomMatching(8), RandomKOut(8, 2)]:
-        assert isinstance(schedule, Schedule)
-        assert schedule.n == W.shape[0] or schedule.n == 8
+    assert isinstance(static, Schedule) and static.n == 16
+    for schedule in [OnePeerExponential(8), RandomMatching(8), RandomKOut(8, 2)]:
+        assert isinstance(schedule, Schedule) and schedule.n == 8
+        assert schedule.neighbour_table(2).n == 8 and schedule.mixing(2).shape == (8, 8)
+    assert not isinstance(W, Schedule)
 
 
 def test_schedules_reject_bad_input() -> None:
