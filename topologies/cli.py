@@ -160,7 +160,10 @@ def main(argv: Sequence[str], prog: str = "gossipnet topology") -> int:
         draw(
             graph,
             plot,
-            title=f"{name}, n = {summary.nodes}, spectral gap {summary.spectral_gap:.4g}",
+            title=(
+                f"{name}{' (directed, arrows not drawn)' if summary.directed else ''}, "
+                f"n = {summary.nodes}, spectral gap {summary.spectral_gap:.4g}"
+            ),
             layout="spring" if name in _SPRING else "circular",
             seed=args.seed,
         )

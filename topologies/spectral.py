@@ -79,6 +79,8 @@ def rounds_to_consensus(
     Raises ``ValueError`` when rho >= 1 (disconnected graph, or weights that are not doubly
     stochastic enough to contract in one round).
     """
+    if not 0.0 < factor < 1.0:
+        raise ValueError(f"factor={factor} must lie in (0, 1)")
     return rounds_from_contraction(contraction_factor(matrix, method=method), factor)
 
 

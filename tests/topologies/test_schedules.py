@@ -6,6 +6,8 @@ from functools import reduce
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import topologies
 from topologies import (
@@ -131,3 +133,17 @@ def test_schedules_reject_bad_input() -> None:
         RandomMatching(1)
     with pytest.raises(ValueError, match="square"):
         Static(np.ones((2, 3)))
+
+
+@given(st.integers(2, 40), st.integers(0, 2**32 - 1), st.integers(0, 10**6))
+def test_random_rounds_depend_only_on_seed_and_t(n: int, seed: int, t: int) -> None:
+    matching = RandomMatching(n, seed=seed)
+    W = matching.mixing(t)
+    validate_mixing(W, symmetric=True, row_stochastic=True, column_stochastic=True, tol=0)
+    assert (RandomMatching(n, seed=seed).mixing(t) != W).nnz == 0
+    k = 1 + seed % (n - 1)
+    kout = RandomKOut(n, k, seed=seed)
+    np.testing.assert_array_equal(kout.targets(t), RandomKOut(n, k, seed=seed).targets(t))
+    validate_mixing(kout.mixing(t), row_stochastic=True, tol=1e-12)
+    one_peer = OnePeerExponential(n).mixing(t)
+    validate_mixing(one_peer, row_stochastic=True, column_stochastic=True, tol=0)
