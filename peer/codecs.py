@@ -70,6 +70,7 @@ class DenseCodec:
 
 
 _VALUE_ERRORS: tuple[tuple[str, type[ProtocolError]], ...] = (
+    ("must be exactly", MalformedBody),
     ("NaN or infinite", NonFiniteValues),
     ("bytes", ShapeMismatch),
     ("dtype", DTypeMismatch),

@@ -102,6 +102,13 @@ class UnknownPeer(ProtocolError):
     code = "unknown_peer"
 
 
+class Busy(ProtocolError):
+    """Both peers of a pair called each other at once; the smaller id declines its side."""
+
+    status = 409
+    code = "busy"
+
+
 class NotReady(ProtocolError):
     """The peer cannot serve this request yet (e.g. sync round not reached before the deadline)."""
 
@@ -121,6 +128,7 @@ ERROR_CLASSES: tuple[type[ProtocolError], ...] = (
     NonFiniteValues,
     Unauthorized,
     UnknownPeer,
+    Busy,
     NotReady,
 )
 """Every error a peer answers with; docs/protocol.md and openapi.yaml list the same codes."""

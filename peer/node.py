@@ -63,7 +63,7 @@ from peer.auth import (
 from peer.client import PeerClient, PeerUnavailable, RemoteRefused
 from peer.codecs import DenseCodec, build_codec, receiving_codecs
 from peer.config import PeerConfig
-from peer.errors import InvalidSender, MalformedBody, ProtocolError, UnknownPeer
+from peer.errors import Busy, InvalidSender, MalformedBody, ProtocolError, UnknownPeer
 from peer.membership import Member, Membership, check_address
 from peer.metrics import PeerMetrics
 from peer.server import build_app
@@ -150,6 +150,7 @@ class Peer:
         self._batches: Iterator[Batch] | None = None
         self._inbox: dict[str, dict[int, torch.Tensor]] = {}
         self._served: dict[str, int] = {}
+        self._in_flight: set[str] = set()
         self._published: Envelope | None = None
         self._changed: asyncio.Condition | None = None
         self._runner: web.AppRunner | None = None
@@ -364,22 +365,33 @@ class Peer:
 
     async def _pairwise(self, member: Member) -> bool:
         assert member.address is not None
-        sent = await asyncio.to_thread(self._snapshot)
-        started = time.perf_counter()
+        self._in_flight.add(member.id)
         try:
-            reply = await self._client().exchange(
-                member.address, self._envelope(sent), codecs=self.codecs
-            )
-            if reply.sender != member.id:
-                raise UnknownPeer(
-                    f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
+            sent = await asyncio.to_thread(self._snapshot)
+            started = time.perf_counter()
+            try:
+                reply = await self._client().exchange(
+                    member.address, self._envelope(sent), codecs=self.codecs
                 )
-            averaged = self.codecs[reply.codec].decode(reply.payload, self.spec)
-        except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
-            self.metrics.exchanges(role="caller", outcome="failed").inc()
-            self._failed(member, error)
-            return False
-        await asyncio.to_thread(self._add_locked, averaged, sent)
+                if reply.sender != member.id:
+                    raise UnknownPeer(
+                        f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
+                    )
+                averaged = self.codecs[reply.codec].decode(reply.payload, self.spec)
+            except RemoteRefused as error:
+                if error.code == Busy.code:  # it is averaging with us right now, as the callee
+                    self.metrics.exchanges(role="caller", outcome="busy").inc()
+                    return False
+                self.metrics.exchanges(role="caller", outcome="failed").inc()
+                self._failed(member, error)
+                return False
+            except (PeerUnavailable, ProtocolError) as error:
+                self.metrics.exchanges(role="caller", outcome="failed").inc()
+                self._failed(member, error)
+                return False
+            await asyncio.to_thread(self._add_locked, averaged, sent)
+        finally:
+            self._in_flight.discard(member.id)
         self.membership.record_success(member.id)
         self.metrics.exchanges(role="caller", outcome="ok").inc()
         self.metrics.exchange_seconds.observe(time.perf_counter() - started)
@@ -490,6 +502,11 @@ class Peer:
         """Serve ``POST /v1/exchange`` (the body is already validated)."""
         self.membership.observe(envelope.sender)
         if self.config.mode == "async":
+            if envelope.sender in self._in_flight and self.peer_id < envelope.sender:
+                # Both sides of the pair called at once. If both averaged as callee and
+                # then added (average - sent) as caller, the pair would swap models; the
+                # smaller id declines, so the pair averages exactly once.
+                raise Busy(f"{self.peer_id} is exchanging with {envelope.sender} as the caller")
             averaged = await asyncio.to_thread(self._average_locked, vector.to(self.spec.dtype))
             return self._envelope(averaged)
         assert self._changed is not None

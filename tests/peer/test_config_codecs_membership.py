@@ -1,0 +1,143 @@
+"""PeerConfig validation, codecs over gossip compressors, and membership bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import pytest
+import torch
+
+from peer import codecs, wire
+from peer.config import PeerConfig
+from peer.errors import DTypeMismatch, MalformedBody, NonFiniteValues, ShapeMismatch, UnknownCodec
+from peer.membership import Membership, check_address
+
+from .conftest import started_peer
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("peer_id", "", "peer_id"),
+        ("port", 70000, "port"),
+        ("mode", "gossip", r"mode must be one of \['async', 'sync'\]"),
+        ("order", "random", "order"),
+        ("codec", "topk:ratio=0.1", r"codec must be one of \['none', 'fp16', 'bf16', 'qsgd'\]"),
+        ("fanout", 0, "fanout"),
+        ("local_steps", 0, "local_steps"),
+        ("round_deadline_s", 0, "round_deadline_s"),
+        ("request_timeout_s", float("nan"), "request_timeout_s"),
+        ("evict_after", 0, "evict_after"),
+        ("join", ("nohost",), "join entry must be HOST:PORT"),
+        ("join", ["127.0.0.1:1"], "join must be a tuple"),
+        ("secret", b"short", "secret"),
+        ("max_body_factor", 0.5, "max_body_factor"),
+        ("checkpoint_every", 5, "checkpoint_dir is required"),
+        ("tls_cert", "cert.pem", "tls_cert and PeerConfig.tls_key"),
+        ("client_only", True, "join must name at least one peer"),
+    ],
+)
+def test_config_errors_name_the_field(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PeerConfig(**{"peer_id": "a", field: value})  # type: ignore[arg-type]
+
+
+def test_config_defaults_are_valid() -> None:
+    config = PeerConfig(peer_id="edge-1.example:7")
+    assert config.mode == "async" and config.codec == "none" and config.aggregator == "mean"
+    assert "xxxxxxxx" not in repr(PeerConfig(peer_id="a", secret=b"x" * 16))
+
+
+SPEC = wire.ModelSpec(numel=300)
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "qsgd:bits=8"])
+def test_codecs_round_trip_through_msgpack(spec: str) -> None:
+    codec = codecs.build_codec(spec)
+    x = torch.randn(300)
+    payload = msgpack.unpackb(wire.pack(codec.encode(x)), raw=False)
+    decoded = codecs.receiving_codecs()[codec.name].decode(payload, SPEC)
+    assert decoded.shape == (300,) and decoded.dtype == torch.float32
+    tolerance = {"none": 0.0, "fp16": 1e-3, "bf16": 1e-2, "qsgd": 0.05}[codec.name]
+    assert float((decoded - x).abs().max()) <= tolerance * float(x.abs().max())
+
+
+def test_sparse_codecs_are_refused_for_parameters() -> None:
+    with pytest.raises(ValueError, match="codec must be one of"):
+        codecs.build_codec("topk:ratio=0.01")
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        ({"codec": "fp16", "dtype": "<f2", "data": b"\x00" * 10}, ShapeMismatch),
+        ({"codec": "fp16", "dtype": "<f4", "data": b"\x00" * 1200}, DTypeMismatch),
+        ({"codec": "fp16", "dtype": "<f2", "data": b"\x00\x7c" * 300}, NonFiniteValues),  # +inf
+        ({"codec": "fp16", "dtype": "<f2"}, MalformedBody),
+        ({"codec": "bf16", "dtype": "bf16", "data": b"\x00" * 600}, UnknownCodec),
+    ],
+)
+def test_compressor_payload_errors_become_typed(payload: dict[str, object], error: type) -> None:
+    with pytest.raises(error):
+        codecs.receiving_codecs()["fp16"].decode(payload, SPEC)
+
+
+async def test_fp16_peers_converge() -> None:
+    async with (
+        started_peer("a", seed=0, codec="fp16") as a,
+        started_peer("b", seed=1, codec="fp16", join=(a.address,), fetch_state=False) as b,
+    ):
+        for _ in range(3):
+            await asyncio.gather(a.gossip(), b.gossip())
+        assert float((a.flat.vector - b.flat.vector).abs().max()) < 1e-2
+
+
+def test_membership_suspect_evict_readmit() -> None:
+    now = [0.0]
+    view = Membership("me", "127.0.0.1:1", suspect_after=2, evict_after=3, clock=lambda: now[0])
+    view.observe("x", "127.0.0.1:2")
+    assert view.record_failure("x") == "alive"
+    assert view.record_failure("x") == "suspected"
+    assert [m.id for m in view.neighbours()] == ["x"]
+    assert view.record_failure("x") == "evicted"
+    assert view.neighbours() == [] and view.view() == [
+        {"id": "me", "address": "127.0.0.1:1", "status": "alive"}
+    ]
+    now[0] = 5.0
+    member = view.observe("x")
+    assert member.status == "alive" and member.failures == 0 and member.address == "127.0.0.1:2"
+    assert member.last_seen == 5.0
+    assert view.counts() == {"alive": 1, "suspected": 0, "evicted": 0}
+
+
+def test_membership_merge_adds_only_new_and_never_itself() -> None:
+    view = Membership("me", None)
+    view.observe("x", "127.0.0.1:2")
+    view.record_failure("x")
+    added = view.merge(
+        [
+            {"id": "me", "address": "10.0.0.1:1"},
+            {"id": "x", "address": "127.0.0.1:9", "status": "alive"},
+            {"id": "y", "address": None},
+        ]
+    )
+    assert added == ["y"]
+    assert view.get("x").status == "suspected" and view.get("x").address == "127.0.0.1:2"
+    with pytest.raises(MalformedBody):
+        view.merge([{"id": "z"}])
+    with pytest.raises(MalformedBody):
+        view.merge([{"id": "z", "address": "bad"}])
+    with pytest.raises(ValueError, match="own id"):
+        view.observe("me")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:7000", "peer-3.local:80", "[::1]:9000"])
+def test_addresses(address: str) -> None:
+    assert check_address(address) == address
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "host:0", "host:99999", "a b:1", 7000])
+def test_bad_addresses(address: object) -> None:
+    with pytest.raises(ValueError, match="address"):
+        check_address(address)
