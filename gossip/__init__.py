@@ -47,6 +47,7 @@ from gossip.compression import (
     TopK,
     build_compressor,
     decode,
+    describe_compressors,
 )
 from gossip.flat import FlatParameters, LayoutEntry, ParameterLayout
 
@@ -83,6 +84,7 @@ __all__ = [
     "average_pair",
     "build_compressor",
     "decode",
+    "describe_compressors",
     "local_sgd",
     "pairwise_average",
     "synchronous_exchange",

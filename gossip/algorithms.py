@@ -54,13 +54,13 @@ batch at once; as a neighbour table a matching is ``k = 1`` with weight ``1/2``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from consensus.mean import WeightedMean
+from consensus import Aggregator, WeightedMean
 from gossip.compression import Compressor, NoCompression
 
 __all__ = [
@@ -87,18 +87,6 @@ __all__ = [
 Order = Literal["combine-then-adapt", "adapt-then-combine"]
 Phase = Literal["gradient", "step", "exchange"]
 ORDERS: tuple[Order, ...] = ("combine-then-adapt", "adapt-then-combine")
-
-
-@runtime_checkable
-class Aggregator(Protocol):
-    """The ``consensus`` rule protocol: ``(own [*, d], neighbours [*, k, d], weights [*, k],
-    mask [*, k] | None) -> [*, d]``, with ``reset()`` for stateful rules."""
-
-    def __call__(
-        self, own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None = None
-    ) -> Tensor: ...
-
-    def reset(self) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ __all__ = [
     "TopK",
     "build_compressor",
     "decode",
+    "describe_compressors",
 ]
 
 Payload = dict[str, str | int | bytes]
@@ -369,10 +370,10 @@ class StochasticQuantization(Compressor):
     def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
         d = x.shape[-1]
         x = x.to(torch.float32)
-        scale = self._blocks(x).abs().amax(dim=-1)  # [*, nblocks]
+        blocks = self._blocks(x)  # [*, nblocks, block], zero padded
+        scale = blocks.abs().amax(dim=-1)  # [*, nblocks]
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        per_coordinate = safe.repeat_interleave(self.block, dim=-1)[..., :d]
-        level = x / per_coordinate * self.levels
+        level = (blocks / safe.unsqueeze(-1)).flatten(-2)[..., :d] * self.levels
         noise = torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device)
         q = torch.floor(level + noise).clamp_(-self.levels, self.levels)
         return {"scale": scale, "level": self._pack(q.to(torch.int16) + self.levels)}
@@ -382,9 +383,11 @@ class StochasticQuantization(Compressor):
         d = unsigned.shape[-1]
         padded = math.ceil(d / per_byte) * per_byte
         u = torch.nn.functional.pad(unsigned, (0, padded - d), value=self.levels)
-        u = u.unflatten(-1, (padded // per_byte, per_byte))
-        shifts = torch.arange(per_byte, device=u.device, dtype=torch.int16) * self.bits
-        return (u << shifts).sum(dim=-1).to(torch.uint8)
+        u = u.to(torch.uint8).unflatten(-1, (padded // per_byte, per_byte))
+        packed = u[..., 0].clone()
+        for position in range(1, per_byte):  # at most 4 bit positions, each one vector op
+            packed |= u[..., position] << (position * self.bits)
+        return packed
 
     def _unpack(self, packed: Tensor, d: int) -> Tensor:
         per_byte = 8 // self.bits
@@ -395,7 +398,7 @@ class StochasticQuantization(Compressor):
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:
         q = (self._unpack(fields["level"], d) - self.levels).to(torch.float32)
         step = fields["scale"] / self.levels
-        return q * step.repeat_interleave(self.block, dim=-1)[..., :d]
+        return (self._blocks(q) * step.unsqueeze(-1)).flatten(-2)[..., :d]
 
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         return {
@@ -687,6 +690,19 @@ def build_compressor(spec: str) -> Compressor:
     feedback = kwargs.pop("feedback", False)
     compressor = info.factory(**kwargs)
     return ErrorFeedback(compressor) if feedback else compressor
+
+
+def describe_compressors() -> str:
+    """One line per codec with its parameters and defaults, for ``--compress`` help texts."""
+    lines = []
+    for info in COMPRESSORS.values():
+        params = ",".join(
+            f"{key}={str(default).lower() if isinstance(default, bool) else default}"
+            for key, (_, default, _) in info.parameters.items()
+        )
+        spec = f"{info.name}:{params}" if params else info.name
+        lines.append(f"{spec:<38} {info.doc}")
+    return "\n".join(lines)
 
 
 def decode(payload: Mapping[str, Any], d: int) -> Tensor:

@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from consensus.mean import WeightedMean
-from consensus.order_statistics import CoordinateWiseMedian
+from consensus import CoordinateWiseMedian, WeightedMean
 from gossip.algorithms import (
     Choco,
     DecentralizedSGD,
