@@ -300,6 +300,31 @@ def test_local_sgd_takes_h_local_steps_then_averages(data) -> None:
         assert torch.allclose(per_node[r], batched[r], rtol=0, atol=1e-12)
 
 
+def test_adam_kept_per_node_is_the_same_batched_and_per_node(data) -> None:
+    """An [n, d] Adam in the simulator is n per-node Adams (element-wise state)."""
+    table = table_from_dense(ring_metropolis(NODES))
+
+    def adam(params: list[Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=0.01)
+
+    batched = run_batched(DecentralizedSGD(), table, data, 4, adam)
+    per_node = run_per_node(DecentralizedSGD, table, data, 4, adam)
+    for mine, theirs in zip(batched, per_node):
+        assert torch.allclose(mine, theirs, rtol=0, atol=1e-12)
+    assert not torch.allclose(batched[-1][0], batched[-1][1], atol=1e-6)  # nodes differ on a ring
+
+
+def test_choco_sgd_without_compression_and_full_step_is_dpsgd(data) -> None:
+    """Q = identity, gamma = 1: x̂ = x after every exchange, so CHOCO-SGD is D-PSGD (ATC)."""
+    table = table_from_dense(ring_metropolis(NODES))
+    choco = run_batched(
+        Choco(build_compressor("none"), consensus_step=1.0), table, data, 4, sgd(0.9)
+    )
+    dpsgd = run_batched(DecentralizedSGD(order="adapt-then-combine"), table, data, 4, sgd(0.9))
+    for mine, theirs in zip(choco, dpsgd):
+        assert torch.allclose(mine, theirs, rtol=0, atol=1e-12)
+
+
 def test_robust_aggregator_hook_survives_a_byzantine_neighbour() -> None:
     """The same D-PSGD with consensus rules swapped in: a node sending 1e6 drags the mean
     away, the coordinate-wise median keeps honest nodes inside the honest range."""
