@@ -40,6 +40,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "build a topology, print its degree, diameter, spectral gap and rounds to consensus",
             _topology,
         ),
+        Subcommand(
+            "workloads",
+            "list data sets, partitions and models, or inspect one setup (sizes, skew, parameters)",
+            lambda: __import__("workloads.cli", fromlist=["main"]).main,
+        ),
     ]
 }
 

@@ -297,7 +297,7 @@ def test_npz_round_trip(tmp_path: Path) -> None:
     assert data.x_train.dtype == torch.float32 and data.y_test.dtype == torch.int64
     np.testing.assert_allclose(data.x_train.numpy(), arrays["x"].astype(np.float32))
     np.testing.assert_array_equal(data.y_test.numpy(), arrays["y_test"])
-    inferred = load_dataset("npz", path=str(tmp_path / "data.npz"))
+    inferred = load_dataset("npz", path=tmp_path / "data.npz")  # a Path works too
     assert inferred.num_classes == int(max(arrays["y"].max(), arrays["y_test"].max())) + 1
 
 

@@ -1,0 +1,84 @@
+"""``gossipnet workloads``: list the registered data sets, partitions and models, or inspect one setup.
+
+    gossipnet workloads list
+    gossipnet workloads inspect --dataset mnist1d:num_samples=2000 \\
+        --partition dirichlet:alpha=0.1 --peers 16 --model mlp-100k --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workloads._registry import Entry
+from workloads.datasets import DATASETS, DEFAULT_DATASET, load_dataset
+from workloads.formats import DataFileError
+from workloads.models import MODELS, build_model, parameter_count
+from workloads.partition import PARTITIONS, label_histogram, partition
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Data sets, partitions across peers and models that gossipnet trains.",
+    )
+    commands = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    commands.add_parser("list", help="list data sets, partitions and models with their parameters")
+    inspect = commands.add_parser(
+        "inspect", help="load a data set, partition it and build a model; print a summary"
+    )
+    inspect.add_argument(
+        "--dataset", default=DEFAULT_DATASET, help="data set spec (name:key=value,...)"
+    )
+    inspect.add_argument(
+        "--partition", default="iid", help="partition spec, e.g. dirichlet:alpha=0.1"
+    )
+    inspect.add_argument("--peers", type=int, default=8, help="number of peers (>= 1)")
+    inspect.add_argument("--model", default="mlp", help="model spec, e.g. mlp:hidden=64")
+    inspect.add_argument("--seed", type=int, default=0, help="seed of the partition and the model")
+    return parser
+
+
+def _listing(title: str, registry: Mapping[str, Entry[Any]]) -> list[str]:
+    lines = [f"{title}:"]
+    for entry in registry.values():
+        lines.append(f"  {entry.name:<10} {entry.doc}")
+        for name, param in entry.params.items():
+            default = "(required)" if repr(param.default) == "<required>" else repr(param.default)
+            lines.append(f"      {name}={default}  {param.type.__name__}: {param.doc}")
+    return lines
+
+
+def main(argv: Sequence[str], prog: str = "gossipnet workloads") -> int:
+    """Run the subcommand; returns the exit code (argparse exits 2 on bad input)."""
+    parser = _parser(prog)
+    args = parser.parse_args(list(argv))
+    if args.action == "list":
+        lines = _listing("datasets", DATASETS) + _listing("partitions", PARTITIONS)
+        print("\n".join(lines + _listing("models", MODELS)))
+        return 0
+    if args.peers < 1:
+        parser.error(f"--peers must be >= 1, got {args.peers}")
+    try:
+        data = load_dataset(args.dataset)
+    except (ValueError, ImportError, DataFileError) as error:
+        parser.error(f"--dataset: {error}")
+    try:
+        parts = partition(args.partition, data.y_train, args.peers, seed=args.seed)
+    except ValueError as error:
+        parser.error(f"--partition: {error}")
+    try:
+        model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+    except ValueError as error:
+        parser.error(f"--model: {error}")
+    sizes = [len(p) for p in parts]
+    classes = (label_histogram(data.y_train, parts, data.num_classes) > 0).sum(1).float()
+    print(f"dataset    {data!r}")
+    print(
+        f"partition  {args.partition} over {args.peers} peers: samples per peer "
+        f"min {min(sizes)} mean {sum(sizes) / len(sizes):.1f} max {max(sizes)}; "
+        f"classes per peer mean {float(classes.mean()):.2f} of {data.num_classes}"
+    )
+    print(f"model      {args.model}: {parameter_count(model):,} parameters")
+    return 0
