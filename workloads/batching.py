@@ -219,7 +219,7 @@ class StackedBatchSampler:
 
     def sample(self, dataset: Dataset, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x [n, B, *input_shape], y [n, B])`` for ``step``."""
-        index = self.indices(step)
+        index = self.indices(step).to(dataset.x_train.device)
         return dataset.x_train[index], dataset.y_train[index]
 
 
@@ -282,4 +282,5 @@ def peer_batches(
         indices, batch_size, seed=seed, peer=peer, start_step=start_step, replacement=replacement
     )
     for index in sampler:
+        index = index.to(dataset.x_train.device)
         yield dataset.x_train[index], dataset.y_train[index]

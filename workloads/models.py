@@ -292,9 +292,8 @@ def check_batchable(
                 module_name, f"its forward pass updates buffer {key!r} in place"
             )
 
-    stack: list[str] = []
+    stack: list[str] = []  # names of the modules whose forward is running
     hooks = []
-    failed: list[str] = []
 
     def enter(name: str) -> Callable[..., None]:
         def hook(*_: Any) -> None:
@@ -318,9 +317,9 @@ def check_batchable(
         vmap(grad(loss), randomness=randomness)(stacked, torch.stack([example_input] * 2))
     except NotBatchableError:
         raise
-    except Exception as error:
-        failed.append(stack[-1] if stack else "")
-        raise NotBatchableError(failed[0], f"{type(error).__name__}: {error}") from error
+    except Exception as error:  # whatever vmap raised, reported against the innermost module
+        culprit = stack[-1] if stack else ""
+        raise NotBatchableError(culprit, f"{type(error).__name__}: {error}") from error
     finally:
         for handle in hooks:
             handle.remove()

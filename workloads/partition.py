@@ -38,7 +38,7 @@ __all__ = [
 
 
 def _labels_array(labels: torch.Tensor | np.ndarray, what: str) -> np.ndarray:
-    array = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    array = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     if array.ndim != 1 or array.dtype.kind not in "iu":
         raise ValueError(f"{what}: labels must be a 1-D integer tensor, got shape {array.shape}")
     if array.size and array.min() < 0:
