@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import random
@@ -160,6 +161,11 @@ def _from_numpy(
 # --------------------------------------------------------------------------- MNIST-1D
 
 
+_MNIST1D_MISSING = (
+    "the mnist1d data set needs the 'mnist1d' package and matplotlib: pip install gossipnet[sim]"
+)
+
+
 def _mnist1d_cache_path(cache_dir: str, args: Mapping[str, Any], version: str) -> Path:
     key = json.dumps({**args, "mnist1d_version": version}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
@@ -193,20 +199,17 @@ def mnist1d(
     generator seeds numpy's and Python's global RNGs; they are restored
     afterwards, so loading does not disturb the caller's random state. With
     ``cache_dir`` the arrays are kept in ``mnist1d-<hash of args>.npz`` there
-    (written atomically, read back with ``allow_pickle=False``).
+    (written atomically, read back with ``allow_pickle=False``); a cache hit
+    does not import mnist1d (nor the matplotlib it pulls in).
     """
     if num_samples < 20:
         raise ValueError(f"mnist1d: num_samples must be >= 20, got {num_samples}")
     if not 0.0 < train_split < 1.0:
         raise ValueError(f"mnist1d: train_split must lie in (0, 1), got {train_split}")
-    try:
-        import mnist1d as mnist1d_package
-        from mnist1d.data import get_dataset_args, make_dataset
-    except ImportError as error:  # mnist1d (and the matplotlib it imports) are the [sim] extra
-        raise ImportError(
-            "the mnist1d data set needs the 'mnist1d' package and matplotlib: "
-            f"pip install gossipnet[sim] ({error})"
-        ) from error
+    try:  # the installed version keys the cache; reading it needs no import of mnist1d
+        version = importlib.metadata.version("mnist1d")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(_MNIST1D_MISSING) from None
     args_dict = {
         "num_samples": int(num_samples),
         "seed": int(seed),
@@ -215,7 +218,6 @@ def mnist1d(
     }
     cache = None
     if cache_dir is not None:
-        version = str(getattr(mnist1d_package, "__version__", "0"))
         cache = _mnist1d_cache_path(cache_dir, args_dict, version)
         if cache.is_file():
             try:
@@ -226,6 +228,10 @@ def mnist1d(
                 return _from_numpy(
                     "mnist1d", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], 10
                 )
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as error:  # mnist1d (and the matplotlib it imports) are the [sim] extra
+        raise ImportError(f"{_MNIST1D_MISSING} ({error})") from error
     args = get_dataset_args()
     for key, value in args_dict.items():
         setattr(args, key, value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -149,6 +150,20 @@ def test_mnist1d_cache_round_trip_and_repair(tmp_path: Path) -> None:
     files[0].write_bytes(b"damaged")
     repaired = load_dataset(f"mnist1d:num_samples=100,seed=1,cache_dir={cache}")
     assert torch.equal(repaired.x_train, first.x_train)
+
+
+def test_mnist1d_cache_hit_does_not_import_matplotlib(tmp_path: Path) -> None:
+    load_dataset(f"mnist1d:num_samples=100,seed=3,cache_dir={tmp_path}")
+    code = (
+        "import sys; from workloads import load_dataset; "
+        f"d = load_dataset('mnist1d:num_samples=100,seed=3,cache_dir={tmp_path}'); "
+        "print(d.num_train, 'matplotlib' in sys.modules, 'mnist1d' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["80", "False", "False"]
 
 
 def test_mnist1d_without_the_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
