@@ -41,6 +41,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             _topology,
         ),
         Subcommand(
+            "sim",
+            "simulate n peers: run an experiment TOML, or compare algorithms on it",
+            lambda: __import__("sim.cli", fromlist=["main"]).main,
+        ),
+        Subcommand(
             "workloads",
             "list data sets, partitions and models, or inspect one setup (sizes, skew, parameters)",
             lambda: __import__("workloads.cli", fromlist=["main"]).main,

@@ -17,6 +17,7 @@ Events are processed in time order, in waves of disjoint pairs (one vmap per wav
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,16 @@ from sim.algorithms import Context, RoundReport, _mean_loss
 from sim.engine import masked_step
 from sim.network import Event, asynchronous_gossip_events
 from topologies.schedules import Schedule
+
+
+def _row_tensors(state: Any, n: int) -> list[Tensor]:
+    """The per-node tensors ``[n, ...]`` of an algorithm's state dataclass."""
+    values = [getattr(state, f.name) for f in dataclasses.fields(state)]
+    unique: dict[int, Tensor] = {}
+    for value in values:
+        if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == n:
+            unique.setdefault(id(value), value)
+    return list(unique.values())
 
 
 def byzantine_messages(
@@ -97,6 +108,15 @@ class SynchronousGossip:
             raise ValueError(
                 f"schedule: has {self.schedule.n} nodes but the simulation has {ctx.n} peers"
             )
+        table = self.schedule.neighbour_table(0)
+        full = torch.as_tensor(table.mask, dtype=torch.bool)
+        if not bool(self._enough(full).all()):
+            smallest = int(full.sum(dim=1).min()) + 1
+            raise ValueError(
+                f"aggregator: {getattr(self.algorithm, 'aggregator', None)!r} cannot run on this "
+                f"topology: its smallest neighbourhood has n = {smallest} (own + neighbours); "
+                "use a denser topology or a smaller Byzantine budget"
+            )
         self.state = self.algorithm.init(ctx.peers.params.clone())
         self.parameters = self.algorithm.model(self.state)
         self.optimizer = ctx.optimizer.build(self.parameters)
@@ -138,10 +158,13 @@ class SynchronousGossip:
 
     def _exchange(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
         index = torch.as_tensor(table.index, dtype=torch.long)
-        mask = torch.as_tensor(table.mask, dtype=torch.bool)
-        mask = mask & alive[index] & alive.unsqueeze(1)
-        delivered = ctx.failures.delivered(ctx.round, tuple(index.shape))
-        mask &= torch.from_numpy(delivered)
+        listening = torch.as_tensor(table.mask, dtype=torch.bool)
+        mask = listening & alive[index]
+        mask &= torch.from_numpy(ctx.failures.delivered(ctx.round, tuple(index.shape)))
+        # a dead receiver, or one that heard from too few neighbours for the rule's bound,
+        # keeps its state this exchange: mix it with the full table, then restore its rows
+        frozen = ~alive | ~self._enough(mask)
+        mask = torch.where(frozen.unsqueeze(1), listening, mask)
         message = self.algorithm.message(self.state)
         weights = torch.as_tensor(table.weight, dtype=message.dtype)
         self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype)
@@ -153,11 +176,30 @@ class SynchronousGossip:
             received = byzantine_messages(
                 self.attack, sent, received, index, weights, mask, ctx.byzantine
             )
+        rows = frozen.nonzero().squeeze(1)
+        saved = [(t, t[rows].clone()) for t in _row_tensors(self.state, ctx.n)]
         self.algorithm.combine(self.state, sent, received, weights, mask, self_weight)
+        with torch.no_grad():
+            for tensor, value in saved:
+                tensor[rows] = value
         # bytes: each live sender transmits its payload once per receiver that listens to it
-        listening = torch.as_tensor(table.mask, dtype=torch.bool) & alive.unsqueeze(1)
-        out_degree = np.bincount(index[listening].numpy(), minlength=ctx.n)
+        heard_by = listening & alive.unsqueeze(1)
+        out_degree = np.bincount(index[heard_by].numpy(), minlength=ctx.n)
         return np.where(alive.numpy(), out_degree * compressed.wire_bytes, 0).astype(np.float64)
+
+    def _enough(self, mask: Tensor) -> Tensor:
+        """``[n]`` bool: whose neighbourhood (own + present neighbours) meets the rule's bound."""
+        check = getattr(getattr(self.algorithm, "aggregator", None), "check_size", None)
+        sizes = mask.sum(dim=1) + 1
+        if check is None:
+            return torch.ones_like(sizes, dtype=torch.bool)
+        ok = torch.ones_like(sizes, dtype=torch.bool)
+        for size in sizes.unique().tolist():
+            try:
+                check(int(size))
+            except ValueError:
+                ok &= sizes != size
+        return ok
 
     def _send_time(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
         """Per sender j: ``Σ_{i listening to j} (α_ji + M_enc/B_ji)`` for one exchange."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -130,7 +130,7 @@ def write_csv(records: Iterable[Record], path: str | Path) -> None:
             writer.writerow(record.as_dict())
 
 
-def plot(runs: dict[str, Sequence[Record]], path: str | Path, *, title: str | None = None) -> Path:
+def plot(runs: Mapping[str, Sequence[Record]], path: str | Path, *, title: str | None = None) -> Path:
     """Three panels: test accuracy vs simulated time, vs bytes sent, and consensus distance vs
     time, one line per run. matplotlib is imported here and only here."""
     import matplotlib

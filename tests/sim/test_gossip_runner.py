@@ -133,3 +133,27 @@ def test_schedule_size_must_match() -> None:
     ctx, evaluation = make_context(4)
     with pytest.raises(ValueError, match="schedule: has 6 nodes"):
         run(SynchronousGossip(DecentralizedSGD(), static("ring", 6)), ctx, evaluation, rounds=1)
+
+
+def test_a_robust_rule_on_a_too_sparse_topology_is_refused_up_front() -> None:
+    ctx, evaluation = make_context(6)
+    gossip = SynchronousGossip(
+        DecentralizedSGD(aggregator=consensus.build("trimmed-mean:b=2")), static("ring", 6)
+    )
+    with pytest.raises(ValueError, match=r"aggregator: .*smallest neighbourhood has n = 3"):
+        run(gossip, ctx, evaluation, rounds=1)
+
+
+def test_peers_that_hear_too_few_neighbours_for_the_rule_keep_their_model() -> None:
+    n = 8
+    failures = Failures(n, message_loss=0.7, seed=2)
+    ctx, evaluation = make_context(n, failures=failures)
+    gossip = SynchronousGossip(
+        DecentralizedSGD(
+            order="adapt-then-combine", aggregator=consensus.build("trimmed-mean:b=1")
+        ),
+        static("random-regular", n, degree=4, seed=0),
+    )
+    records = run(gossip, ctx, evaluation, rounds=10, eval_every=10)
+    assert np.isfinite(records[-1].test_loss)
+    assert records[-1].test_accuracy > 0.3

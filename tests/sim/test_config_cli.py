@@ -1,0 +1,178 @@
+"""Experiment files: validation names the field; the CLI runs real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.config import (
+    AlgorithmConfig,
+    ConfigError,
+    ExperimentConfig,
+    WorkloadConfig,
+    build,
+    experiment_from_dict,
+    load_experiment,
+)
+from sim.metrics import read_jsonl
+from sim.runner import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SMALL = """
+name = "small"
+seed = 3
+rounds = 6
+eval_every = 3
+
+[workload]
+dataset = "synthetic:num_samples=300"
+peers = 6
+batch_size = 8
+model = "mlp:hidden=16"
+
+[optimizer]
+lr = 0.1
+momentum = 0.5
+
+[algorithm]
+name = "dpsgd"
+topology = "random-regular"
+topology_params = {degree = 3, seed = 1}
+aggregator = "trimmed-mean:b=1"
+
+[network]
+latency = 1e-3
+bandwidth = 1e8
+stragglers = {"2" = 4.0}
+crashes = [{peer = 1, at = 0.02, rejoin = 0.05}]
+
+[byzantine]
+count = 1
+attack = "sign-flip"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_full_file_loads_builds_and_runs_reproducibly(tmp_path: Path) -> None:
+    config = load_experiment(write(tmp_path, SMALL))
+    assert config.workload.peers == 6
+    assert config.network.stragglers == {2: 4.0}
+    assert config.network.crashes[0].rejoin == 0.05
+    first = run(*build(config), rounds=config.rounds, eval_every=config.eval_every)
+    again = run(*build(config), rounds=config.rounds, eval_every=config.eval_every)
+    assert [r.as_dict() for r in first][1:] == [r.as_dict() for r in again][1:]
+    assert first[-1].round == 6 and first[-1].time > 0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"round": 3}, "round: unknown key; allowed keys: name, seed, rounds"),
+        ({"workload": {"peer": 3}}, r"workload.peer: unknown key; allowed keys in \[workload\]"),
+        ({"workload": {"peers": 0}}, "workload.peers: must be an integer >= 1"),
+        ({"algorithm": {"name": "gossip"}}, "algorithm.name: must be one of centralized"),
+        ({"algorithm": {"order": "cta"}}, "algorithm.order: must be one of combine-then-adapt"),
+        ({"optimizer": {"name": "lbfgs"}}, "optimizer.name: must be one of sgd, adam"),
+        ({"network": {"bandwidth": 0}}, r"network.bandwidth: must be in \(0"),
+        ({"network": {"compute_distribution": "x"}}, "network.compute_distribution: must be one"),
+        ({"network": {"crashes": [{"peer": 1}]}}, r"network.crashes\[0\]: needs keys peer, at"),
+        ({"network": {"stragglers": {"40": 2.0}}}, "network.stragglers: peer 40 is outside"),
+        ({"byzantine": {"count": 16}}, "byzantine.count: must be < workload.peers = 16"),
+        (
+            {"byzantine": {"count": 1}, "algorithm": {"name": "allreduce"}},
+            "byzantine.count: Byzantine peers are simulated for synchronous gossip",
+        ),
+        ({"workload": "x"}, r"workload: must be a table \[workload\]"),
+    ],
+)
+def test_bad_fields_are_named_with_the_allowed_values(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        experiment_from_dict(data)
+
+
+def test_bad_specs_fail_at_build_naming_the_field() -> None:
+    base = ExperimentConfig(
+        workload=WorkloadConfig(dataset="synthetic:num_samples=200", peers=4),
+        algorithm=AlgorithmConfig(aggregator="no-such-rule"),
+    )
+    with pytest.raises(ConfigError, match=r"algorithm\.aggregator: .*no-such-rule"):
+        build(base)
+    with pytest.raises(ConfigError, match=r"workload\.dataset"):
+        build(ExperimentConfig(workload=WorkloadConfig(dataset="imagenet", peers=4)))
+
+
+def gossipnet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gossipnet", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=cwd,
+    )
+
+
+def test_cli_run_writes_jsonl_and_csv(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL)
+    result = gossipnet(
+        "run",
+        str(path),
+        "--quiet",
+        "--rounds",
+        "4",
+        "--jsonl",
+        "out.jsonl",
+        "--csv",
+        "out.csv",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "dpsgd" in result.stdout and "accuracy" in result.stdout
+    records = read_jsonl(tmp_path / "out.jsonl")
+    assert [r.round for r in records] == [0, 3, 4]
+    assert json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])["train_loss"] is None
+    assert (tmp_path / "out.csv").read_text().splitlines()[0].startswith("algorithm,round,time")
+
+
+def test_cli_compare_draws_one_figure_for_several_algorithms(tmp_path: Path) -> None:
+    text = SMALL.replace("count = 1", "count = 0")
+    path = write(tmp_path, text)
+    result = gossipnet(
+        "compare",
+        str(path),
+        "--quiet",
+        "--rounds",
+        "3",
+        "--algorithms",
+        "dpsgd,allreduce",
+        "--plot",
+        "cmp.png",
+        "--jsonl",
+        "cmp.jsonl",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    names = {r.algorithm for r in read_jsonl(tmp_path / "cmp.jsonl")}
+    assert names == {"dpsgd", "allreduce"}
+
+
+def test_cli_bad_input_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL.replace("peers = 6", "peers = -1"))
+    result = gossipnet("run", str(path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "workload.peers: must be an integer >= 1" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = gossipnet("compare", str(path), "--algorithms", "nope", cwd=tmp_path)
+    assert result.returncode == 2
+    missing = gossipnet("run", str(tmp_path / "missing.toml"), cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
