@@ -283,8 +283,15 @@ def check_batchable(
 
     parameters = {k: v.detach() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    with torch.no_grad():
-        functional_call(model, {**parameters, **buffers}, (example_input,))
+    try:
+        with torch.no_grad():
+            functional_call(model, {**parameters, **buffers}, (example_input,))
+    except Exception as error:
+        raise ValueError(
+            f"check_batchable: the model's own forward pass fails on example_input of shape "
+            f"{tuple(example_input.shape)} (one batch [B, *input_shape] is expected): "
+            f"{type(error).__name__}: {error}"
+        ) from error
     for key, value in model.named_buffers():
         if not torch.equal(value, buffers[key]):
             module_name = key.rpartition(".")[0]

@@ -181,6 +181,14 @@ def test_dropout_needs_a_randomness_mode() -> None:
         check_batchable(model, randomness="sometimes")
 
 
+def test_wrong_example_input_is_reported_as_such() -> None:
+    model = build_model("mlp", (4,), 3)
+    with pytest.raises(
+        ValueError, match=r"own forward pass fails on example_input of shape \(2, 5\)"
+    ):
+        check_batchable(model, torch.randn(2, 5))
+
+
 def test_in_place_buffer_update_is_named() -> None:
     model = nn.Sequential(nn.Identity(), CountsCalls())
     with pytest.raises(
