@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import consensus
+from consensus._sorting import sort_rows
 
 # Every deterministic rule, as a spec template in the Byzantine budget f. Sizes drawn
 # below always satisfy the strictest bound (Bulyan: n >= 4f+3).
@@ -65,11 +67,20 @@ def draw(case: dict[str, int]) -> tuple[int, torch.Tensor, torch.Tensor, torch.T
     return f, own, neighbours, weights
 
 
+# NNM makes tied values systematic (members with the same nearest set get the same mean) and a
+# weighted trimmed mean jumps where tied values with different weights swap places, so float
+# rounding that differs between two matrix products (batched or per node, neighbours in another
+# order) can flip it (see docs/consensus.md); that composition is checked with uniform weights.
+TIE_SENSITIVE = "nnm+trimmed-mean:b={f}"
+
+
 @pytest.mark.parametrize("template", RULES)
 @given(case=sizes)
 def test_permutation_of_neighbours_does_not_change_the_result(
     template: str, case: dict[str, int]
 ) -> None:
+    if template == TIE_SENSITIVE:
+        case = {**case, "uniform": True}
     f, own, neighbours, weights = draw(case)
     perm = torch.randperm(
         neighbours.shape[0], generator=torch.Generator().manual_seed(case["seed"])
@@ -160,11 +171,7 @@ def padded_batch(
     return own, neighbours, weights, mask, degrees
 
 
-# NNM makes tied values systematic (members with the same nearest set get the same mean) and a
-# weighted trimmed mean jumps where tied values with different weights swap places, so float
-# rounding that differs between a batched and a per-node matrix product can flip it (see
-# docs/consensus.md); that composition is checked with uniform weights instead.
-BATCHED = [r for r in RULES if r != "nnm+trimmed-mean:b={f}"]
+BATCHED = [r for r in RULES if r != TIE_SENSITIVE]
 
 
 @pytest.mark.parametrize("template", BATCHED)
@@ -250,3 +257,40 @@ def test_nnm_trimmed_mean_batched_equals_per_node_with_uniform_weights(
             own[b], neighbours[b][keep], weights[b][keep]
         )
         torch.testing.assert_close(together[b], single, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("template", ["median", "trimmed-mean:b={f}", "geometric-median"])
+@given(
+    case=st.fixed_dictionaries(
+        {"seed": st.integers(0, 2**31 - 1), "f": st.integers(1, 2), "batch": st.integers(1, 5)}
+    )
+)
+def test_uniform_weight_fast_path_matches_per_node(template: str, case: dict[str, int]) -> None:
+    """Uniform weights take the sorting-network path, batched over nodes of different degree."""
+    f = case["f"]
+    own, neighbours, _, mask, degrees = padded_batch(case["seed"], case["batch"], 4 * f + 6, 3, f)
+    weights = torch.full(mask.shape, 1.0, dtype=torch.float64) / (torch.tensor(degrees)[:, None] + 1)
+    together = consensus.build(spec(template, f))(own, neighbours, weights, mask)
+    for b in range(case["batch"]):
+        keep = mask[b]
+        values = torch.cat([own[b][None], neighbours[b][keep]])
+        single = consensus.build(spec(template, f))(own[b], neighbours[b][keep], weights[b][keep])
+        torch.testing.assert_close(together[b], single, rtol=1e-9, atol=1e-9)
+        if template == "median":
+            expected = torch.from_numpy(np.median(values.numpy(), axis=0))
+            torch.testing.assert_close(single, expected, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_sorting_network_sorts_every_zero_one_input(n: int) -> None:
+    """0-1 principle (Knuth, TAOCP 5.3.4): a network sorting all 2^n 0-1 inputs sorts everything."""
+    bits = torch.arange(2**n)[:, None].bitwise_right_shift(torch.arange(n)).bitwise_and(1)
+    rows = sort_rows(bits.T.double()[None])  # [1, n, 2^n]: one column per input
+    out = torch.stack(rows, dim=1)[0]
+    assert bool((out[1:] >= out[:-1]).all())
+
+
+@pytest.mark.parametrize("n", [13, 17, 24, 33])
+def test_sorting_network_agrees_with_torch_sort(n: int) -> None:
+    values = torch.randn(2, n, 500, generator=torch.Generator().manual_seed(n))
+    assert torch.equal(torch.stack(sort_rows(values), dim=1), values.sort(dim=1).values)
