@@ -362,10 +362,13 @@ class StochasticQuantization(Compressor):
         return f"qsgd:bits={self.bits},block={self.block}"
 
     def _blocks(self, x: Tensor) -> Tensor:
+        """``[*, d] -> [*, ceil(d / block), width]``, zero padded; a block wider than d is one
+        block of width d (never allocate more than 2d, whatever ``block`` a payload claims)."""
         d = x.shape[-1]
-        padded = math.ceil(d / self.block) * self.block
+        width = min(self.block, d)
+        padded = math.ceil(d / width) * width
         x = torch.nn.functional.pad(x, (0, padded - d))
-        return x.unflatten(-1, (padded // self.block, self.block))
+        return x.unflatten(-1, (padded // width, width))
 
     def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
         d = x.shape[-1]

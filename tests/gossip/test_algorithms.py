@@ -437,6 +437,28 @@ def test_push_sum_preserves_mass_and_converges_to_the_exact_average(graph: str) 
         assert not torch.allclose(state.x, start.mean(0).expand(n, -1), atol=1e-3)
 
 
+def test_push_sum_on_the_topologies_package_graphs() -> None:
+    """With ``topologies``' tables: the static directed exponential graph reaches the exact
+    average, and the time-varying one-peer exponential graph (Assran et al. 2019) reaches it
+    exactly in log2(n) rounds."""
+    import topologies
+
+    start = torch.randn(12, 5, dtype=torch.float64)
+    algorithm = PushSum(local_steps=0)
+    state = algorithm.init(start.clone())
+    table = topologies.neighbour_table(topologies.mixing_matrix(topologies.exponential(12)))
+    for _ in range(60):
+        synchronous_exchange(algorithm, state, table)
+    assert torch.allclose(state.z, start.mean(0).expand(12, -1), rtol=0, atol=1e-12)
+
+    start = torch.randn(16, 5, dtype=torch.float64)
+    state = algorithm.init(start.clone())
+    schedule = topologies.OnePeerExponential(16)
+    for t in range(4):
+        synchronous_exchange(algorithm, state, schedule.neighbour_table(t))
+    assert torch.allclose(state.z, start.mean(0).expand(16, -1), rtol=0, atol=1e-14)
+
+
 def test_push_sum_local_step_moves_the_numerator_like_stochastic_gradient_push() -> None:
     """SGP: x <- x - eta g(z). The optimizer steps z in place; message() folds it into x."""
     p = asymmetric_column_stochastic(6, 2)

@@ -238,6 +238,68 @@ def _escape(text: str) -> str:
     return re.escape(text)
 
 
+_FIELD_VALUES = st.one_of(
+    st.binary(max_size=80),
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.booleans(),
+    st.sampled_from(["<f4", "<f2", "<f8", "bf16", "<i4", "x"]),
+    st.none(),
+    st.floats(allow_nan=True),
+)
+
+
+@given(
+    codec=st.sampled_from(["none", "fp16", "bf16", "qsgd", "topk", "randk", "zstd"]),
+    fields=st.dictionaries(
+        st.sampled_from(
+            ["dtype", "data", "bits", "block", "scale", "level", "k", "index", "value"]
+        ),
+        _FIELD_VALUES,
+        max_size=6,
+    ),
+    d=st.integers(min_value=1, max_value=20),
+)
+def test_random_payloads_decode_or_raise_value_error(codec: str, fields: dict, d: int) -> None:
+    """Whatever arrives, decode either returns d finite values or raises ValueError."""
+    try:
+        out = decode(wire({"codec": codec, **fields}), d)
+    except ValueError:
+        return
+    assert out.shape == (d,) and bool(torch.isfinite(out).all())
+
+
+@given(
+    spec=st.sampled_from(["none", "fp16", "bf16", "qsgd:bits=2,block=3", "qsgd", "topk:ratio=0.3"]),
+    d=st.integers(min_value=1, max_value=20),
+    data=st.data(),
+)
+def test_random_bytes_of_the_right_length_decode_or_raise_value_error(spec, d, data) -> None:
+    """Field lengths right, contents hostile (NaN patterns, wild indices, levels past 2L)."""
+    payload = good(spec, d)
+    key = data.draw(st.sampled_from([k for k, v in payload.items() if isinstance(v, bytes)]))
+    payload[key] = data.draw(st.binary(min_size=len(payload[key]), max_size=len(payload[key])))
+    try:
+        out = decode(payload, d)
+    except ValueError:
+        return
+    assert out.shape == (d,) and bool(torch.isfinite(out).all())
+
+
+def test_a_huge_claimed_block_allocates_nothing_big() -> None:
+    payload = good("qsgd", 10) | {"block": 2**40}
+    assert decode(payload, 10).shape == (10,)
+
+
+@given(d=st.integers(min_value=1, max_value=64), cut=st.integers(min_value=1, max_value=8))
+def test_every_truncation_of_a_real_payload_is_refused(d: int, cut: int) -> None:
+    for spec in ["none", "fp16", "bf16", "qsgd:bits=4,block=8", "topk:ratio=0.5"]:
+        payload = good(spec, d)
+        for key, value in payload.items():
+            if isinstance(value, bytes) and value:
+                with pytest.raises(ValueError, match=f"'{key}' must hold"):
+                    decode(payload | {key: value[: max(0, len(value) - cut)]}, d)
+
+
 def test_decode_refuses_non_maps_codec_mismatch_and_bad_d() -> None:
     with pytest.raises(ValueError, match="payload must be a map"):
         decode([1, 2], 4)  # type: ignore[arg-type]
