@@ -43,10 +43,10 @@ class Param:
         """Convert ``value`` (a string from a spec, or a Python value) to this parameter's type."""
         if value is None and self.optional:
             return None
+        if self.optional and isinstance(value, str) and value.strip().lower() in {"none", ""}:
+            return None  # "cache_dir=none" in a spec string
         if isinstance(value, str) and self.type is not str:
             text = value.strip()
-            if self.optional and text.lower() in {"none", ""}:
-                return None
             try:
                 if self.type is bool:
                     lowered = text.lower()

@@ -272,8 +272,8 @@ def synthetic(
         raise ValueError(f"synthetic: num_classes must be >= 2, got {num_classes}")
     if num_features < 1:
         raise ValueError(f"synthetic: num_features must be >= 1, got {num_features}")
-    if noise < 0:
-        raise ValueError(f"synthetic: noise must be >= 0, got {noise}")
+    if not 0 <= noise < float("inf"):
+        raise ValueError(f"synthetic: noise must be a finite number >= 0, got {noise}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"synthetic: test_fraction must lie in (0, 1), got {test_fraction}")
     num_test = round(num_samples * test_fraction)

@@ -86,6 +86,19 @@ def test_load_dataset_errors_list_choices_and_name_parameters() -> None:
         load_dataset("mnist1d:num_samples=5")
 
 
+def test_spec_values_are_converted_to_the_parameter_type() -> None:
+    entry = DATASETS["mnist1d"]
+    resolved = entry.resolve({"shuffle_seq": "yes", "train_split": "0.5", "cache_dir": "none"})
+    assert resolved["shuffle_seq"] is True and resolved["train_split"] == 0.5
+    assert resolved["cache_dir"] is None and resolved["num_samples"] == 5000
+    assert entry.resolve({"train_split": 1})["train_split"] == 1.0  # int accepted for float
+    with pytest.raises(ValueError, match="parameter 'shuffle_seq' must be a bool, got 'maybe'"):
+        entry.resolve({"shuffle_seq": "maybe"})
+    with pytest.raises(ValueError, match="synthetic: noise must be a finite number >= 0, got nan"):
+        load_dataset("synthetic:noise=nan")
+    assert DATASETS["npz"].describe().startswith("npz:path=<required>,num_classes=None")
+
+
 def test_dataset_config_validates_and_matches_spec() -> None:
     config = DatasetConfig.from_spec("synthetic:num_samples=100,noise=0.5")
     assert config.params["num_samples"] == 100 and config.params["noise"] == 0.5
