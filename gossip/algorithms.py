@@ -54,7 +54,7 @@ batch at once; as a neighbour table a matching is ``k = 1`` with weight ``1/2``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -121,25 +121,31 @@ class RoundPlan:
         return ("gradient", "exchange", "step") + local * (self.local_steps - 1)
 
 
-class GossipAlgorithm(Protocol):
-    """What :func:`synchronous_exchange`, the simulator and the peer drive (see module doc)."""
+StateT = TypeVar("StateT")
+
+
+class GossipAlgorithm(Protocol[StateT]):
+    """What :func:`synchronous_exchange`, the simulator and the peer drive (see module doc).
+
+    Generic in the algorithm's state type; a bare ``GossipAlgorithm`` accepts any of them.
+    """
 
     name: str
     plan: RoundPlan
     compressor: Compressor
 
-    def init(self, x: Tensor) -> object: ...
-    def model(self, state: object) -> Tensor: ...
-    def message(self, state: object) -> Tensor: ...
+    def init(self, x: Tensor) -> StateT: ...
+    def model(self, state: StateT) -> Tensor: ...
+    def message(self, state: StateT) -> Tensor: ...
     def combine(
         self,
-        state: object,
+        state: StateT,
         sent: Tensor,
         received: Tensor,
         weights: Tensor,
         mask: Tensor | None = None,
         self_weight: Tensor | None = None,
-    ) -> object: ...
+    ) -> StateT: ...
 
 
 def _check_model(x: Tensor) -> None:
@@ -515,8 +521,8 @@ class NeighbourTableLike(Protocol):
 
 
 def synchronous_exchange(
-    algorithm: GossipAlgorithm,
-    state: object,
+    algorithm: GossipAlgorithm[StateT],
+    state: StateT,
     table: NeighbourTableLike,
     *,
     generator: torch.Generator | None = None,
