@@ -44,7 +44,9 @@ def specs(k: int) -> list[str]:
     ]
 
 
-def time_rule(spec: str, own: torch.Tensor, neighbours: torch.Tensor, weights: torch.Tensor, repeat: int) -> float:
+def time_rule(
+    spec: str, own: torch.Tensor, neighbours: torch.Tensor, weights: torch.Tensor, repeat: int
+) -> float:
     rule = consensus.build(spec)
     rule(own, neighbours, weights)  # warm-up (allocator, first-call paths)
     times = []
@@ -76,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"consensus rules, one node: k={args.k} neighbours, d={args.d:,} float32, "
         f"{args.threads} thread(s), median of {args.repeat} (torch {torch.__version__})"
     )
-    rows = [(spec, time_rule(spec, own, neighbours, weights, args.repeat)) for spec in specs(args.k)]
+    rows = [
+        (spec, time_rule(spec, own, neighbours, weights, args.repeat)) for spec in specs(args.k)
+    ]
     reference = rows[0][1]
     width = max(len(spec) for spec, _ in rows)
     print(f"{'rule':<{width}}  {'ms/call':>9}  {'x mean':>7}")

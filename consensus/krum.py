@@ -12,7 +12,9 @@ import torch
 from torch import Tensor
 
 from consensus._inputs import Neighbourhood, pairwise_squared_distances, renormalised_average
+from consensus._sorting import sort_rows
 from consensus.base import Rule, bound_error, check_int
+from consensus.order_statistics import sort_with_weights, uniform_weights
 
 _LARGE = float(torch.finfo(torch.float64).max)
 
@@ -147,24 +149,52 @@ class Bulyan(Rule):
             pick[rows, best] = active
             selected |= pick
             remaining &= ~pick
-        # coordinate-wise: beta values closest to the median of the theta selected ones
         values = hood.stacked(float("inf")).masked_fill_(~selected[:, :, None], float("inf"))
-        ordered = values.sort(dim=1).values
-        low = ((theta - 1) // 2).view(-1, 1, 1).expand(-1, 1, hood.dim)
-        high = (theta // 2).view(-1, 1, 1).expand(-1, 1, hood.dim)
-        median = (ordered.gather(1, low) + ordered.gather(1, high)) / 2
-        spread = (values - median).abs()  # inf for the unselected
-        order = spread.argsort(dim=1, stable=True)
-        position = torch.arange(values.shape[1], device=values.device).view(1, -1, 1)
-        keep = position < beta.view(-1, 1, 1)
-        closest = values.gather(1, order)
-        weights = hood.set_weights()[:, :, None].expand_as(values).gather(1, order)
-        kept_weights = torch.where(keep, weights, 0.0)
-        total = kept_weights.sum(1)
-        out = torch.where(keep, closest * kept_weights, 0.0).sum(1) / total.clamp_min(
-            torch.finfo(total.dtype).tiny
-        )
-        if bool((total > 0).all()):
-            return out
-        uniform = torch.where(keep, closest, 0.0).sum(1) / beta.view(-1, 1).clamp_min(1)
-        return torch.where(total > 0, out, uniform)
+        if uniform_weights(hood) and bool((theta == theta[0]).all() & (beta == beta[0]).all()):
+            return _closest_to_median_uniform(sort_rows(values), int(theta[0]), int(beta[0]))
+        return _closest_to_median(values, hood.set_weights(), theta, beta)
+
+
+def _closest_to_median_uniform(rows: list[Tensor], theta: int, beta: int) -> Tensor:
+    """Mean of the beta of the theta sorted rows closest to their median, per coordinate.
+
+    The beta closest values form a window [a, a + beta) of the sorted ones; a
+    is the number of window starts where moving right brings a closer value
+    in (m - s_a > s_{a+beta} - m; on a tie the lower value stays).
+    """
+    median = (rows[(theta - 1) // 2] + rows[theta // 2]) / 2
+    start = torch.zeros_like(median)
+    for a in range(theta - beta):
+        start += ((median - rows[a]) > (rows[a + beta] - median)).to(median.dtype)
+    total = torch.zeros_like(median)
+    for j in range(theta):
+        if theta - beta <= j < beta:  # inside every possible window
+            total += rows[j]
+        elif j < beta:
+            total += (start <= j).to(median.dtype) * rows[j]
+        else:
+            total += (start > j - beta).to(median.dtype) * rows[j]
+    return total / beta
+
+
+def _closest_to_median(values: Tensor, set_weights: Tensor, theta: Tensor, beta: Tensor) -> Tensor:
+    """Weighted mean of the beta selected values closest to the selected values' median."""
+    ordered, weights = sort_with_weights(values, set_weights)
+    d = values.shape[2]
+    low = ((theta - 1) // 2).view(-1, 1, 1).expand(-1, 1, d)
+    high = (theta // 2).view(-1, 1, 1).expand(-1, 1, d)
+    median = (ordered.gather(1, low) + ordered.gather(1, high)) / 2
+    spread = (ordered - median).abs()  # inf for the unselected, which sort last
+    order = spread.argsort(dim=1, stable=True)  # ties: the lower value first
+    position = torch.arange(values.shape[1], device=values.device).view(1, -1, 1)
+    keep = position < beta.view(-1, 1, 1)
+    closest = ordered.gather(1, order)
+    kept_weights = torch.where(keep, weights.gather(1, order), 0.0)
+    total = kept_weights.sum(1)
+    out = torch.where(keep, closest * kept_weights, 0.0).sum(1) / total.clamp_min(
+        torch.finfo(total.dtype).tiny
+    )
+    if bool((total > 0).all()):
+        return out
+    uniform = torch.where(keep, closest, 0.0).sum(1) / beta.view(-1, 1).clamp_min(1)
+    return torch.where(total > 0, out, uniform)

@@ -16,7 +16,6 @@ from consensus._inputs import Neighbourhood
 from consensus._sorting import sort_rows
 from consensus.base import Rule, bound_error, check_int
 
-
 #: Set weights equal to the self weight within this relative tolerance count as uniform.
 UNIFORM_TOLERANCE = 1e-5
 
@@ -43,19 +42,23 @@ def pick(rows: list[Tensor], position: Tensor) -> Tensor:
     return stacked.gather(1, index).squeeze(1)
 
 
-def _sorted_set(hood: Neighbourhood) -> tuple[Tensor, Tensor]:
-    """Per-coordinate ascending values [B, n, d] (absent = +inf, last) and their weights.
+def sort_with_weights(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-coordinate ascending ``values [B, n, d]`` and the matching ``weights [B, n]`` as [B, n, d].
 
     Equal values are ordered by weight (the set is put in weight order before
     a stable sort), so which of two tied members gets trimmed does not depend
     on the order of the neighbours.
     """
-    by_weight = hood.set_weights().sort(dim=-1, stable=True)
-    rows = torch.arange(hood.batch, device=by_weight.indices.device)[:, None]
-    values, order = hood.stacked(float("inf"))[rows, by_weight.indices].sort(dim=1, stable=True)
+    by_weight = weights.sort(dim=-1, stable=True)
+    rows = torch.arange(values.shape[0], device=values.device)[:, None]
+    ordered, order = values[rows, by_weight.indices].sort(dim=1, stable=True)
     n, d = values.shape[1], values.shape[2]
-    weights = by_weight.values[:, :, None].expand(-1, n, d).gather(1, order)
-    return values, weights
+    return ordered, by_weight.values[:, :, None].expand(-1, n, d).gather(1, order)
+
+
+def _sorted_set(hood: Neighbourhood) -> tuple[Tensor, Tensor]:
+    """The set {own} + neighbours sorted per coordinate (absent = +inf, last), with weights."""
+    return sort_with_weights(hood.stacked(float("inf")), hood.set_weights())
 
 
 class CoordinateWiseMedian(Rule):

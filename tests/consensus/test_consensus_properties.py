@@ -269,7 +269,9 @@ def test_uniform_weight_fast_path_matches_per_node(template: str, case: dict[str
     """Uniform weights take the sorting-network path, batched over nodes of different degree."""
     f = case["f"]
     own, neighbours, _, mask, degrees = padded_batch(case["seed"], case["batch"], 4 * f + 6, 3, f)
-    weights = torch.full(mask.shape, 1.0, dtype=torch.float64) / (torch.tensor(degrees)[:, None] + 1)
+    weights = torch.full(mask.shape, 1.0, dtype=torch.float64) / (
+        torch.tensor(degrees)[:, None] + 1
+    )
     together = consensus.build(spec(template, f))(own, neighbours, weights, mask)
     for b in range(case["batch"]):
         keep = mask[b]

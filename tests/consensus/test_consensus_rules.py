@@ -209,16 +209,18 @@ def reference_bulyan(values: np.ndarray, w: np.ndarray, f: int) -> np.ndarray:
     out = np.empty(values.shape[1])
     for c in range(values.shape[1]):
         median = np.median(chosen[:, c])
-        closest = np.argsort(np.abs(chosen[:, c] - median), kind="stable")[:beta]
-        weights = w[selected][closest]
-        out[c] = np.sum(weights * chosen[closest, c]) / np.sum(weights)
+        # sorted by (value, weight), then by distance to the median: ties keep the lower value
+        ranked = sorted(zip(chosen[:, c], w[selected]), key=lambda vw: (abs(vw[0] - median), vw))
+        kept = np.array(ranked[:beta])
+        out[c] = np.sum(kept[:, 1] * kept[:, 0]) / np.sum(kept[:, 1])
     assert theta == len(values) - 2 * f
     return out
 
 
-@pytest.mark.parametrize(("k", "f"), [(6, 1), (10, 2), (12, 2)])
-def test_bulyan_matches_the_reference(k: int, f: int) -> None:
-    own, neighbours, weights = random_case(k + 100 * f, k, 6)
+@pytest.mark.parametrize("uniform", [False, True])
+@pytest.mark.parametrize(("k", "f"), [(6, 1), (10, 2), (12, 2), (16, 3)])
+def test_bulyan_matches_the_reference(k: int, f: int, uniform: bool) -> None:
+    own, neighbours, weights = random_case(k + 100 * f, k, 6, uniform=uniform)
     values, w = full_set(own, neighbours, weights)
     out = consensus.build(f"bulyan:f={f}")(own, neighbours, weights)
     np.testing.assert_allclose(out.numpy(), reference_bulyan(values, w, f), rtol=1e-10)
