@@ -15,6 +15,7 @@ own (:func:`peer_batches`), and the two see the same samples for the same seed.
 See docs/workloads.md.
 """
 
+from workloads._registry import Param
 from workloads.batching import (
     PeerBatchSampler,
     StackedBatchSampler,
@@ -37,6 +38,7 @@ from workloads.models import (
     build_model,
     check_batchable,
     parameter_count,
+    register_model,
 )
 from workloads.partition import PARTITIONS, dirichlet, iid, label_histogram, partition, shards
 
@@ -49,6 +51,7 @@ __all__ = [
     "Dataset",
     "DatasetConfig",
     "NotBatchableError",
+    "Param",
     "PeerBatchSampler",
     "StackedBatchSampler",
     "UnsafePickleError",
@@ -64,6 +67,7 @@ __all__ = [
     "partition",
     "peer_batches",
     "read_idx",
+    "register_model",
     "shards",
     "splitmix64",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ __all__ = [
     "build_model",
     "check_batchable",
     "parameter_count",
+    "register_model",
 ]
 
 
@@ -178,27 +179,64 @@ MODELS: dict[str, Entry[nn.Module]] = {
 }
 
 
+ModelFactory = Callable[..., nn.Module]
+
+
+def register_model(
+    name: str,
+    factory: ModelFactory,
+    params: Mapping[str, Param] | None = None,
+    doc: str = "",
+    *,
+    replace: bool = False,
+) -> None:
+    """Add a user model to ``MODELS`` so that specs, configs and CLIs can name it.
+
+    ``factory(input_shape, num_classes, **params) -> nn.Module``; ``params``
+    declares its spec parameters (``Param(type, default, doc)``). Check it with
+    :func:`check_batchable` before handing it to the simulator.
+    """
+    if not isinstance(name, str) or not name or ":" in name or "," in name:
+        raise ValueError(f"model name must be a non-empty string without ':' or ',', got {name!r}")
+    if not callable(factory):
+        raise ValueError(f"factory for model {name!r} must be callable")
+    if name in MODELS and not replace:
+        raise ValueError(f"model {name!r} is already registered; pass replace=True to override")
+    MODELS[name] = Entry(name, factory, dict(params or {}), doc)
+
+
 def build_model(
-    name: str, input_shape: Sequence[int], num_classes: int, seed: int = 0, **params: Any
+    name: str | ModelFactory,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int = 0,
+    **params: Any,
 ) -> nn.Module:
-    """Build a registered model with a seeded initialisation.
+    """Build a model with a seeded initialisation: a registered name or any factory.
 
     ``name`` may carry parameters (``"mlp:hidden=64"``); keyword ``params``
-    override them. The initialisation draws from a forked RNG seeded with
-    ``seed``, so the caller's global torch RNG is left untouched and the same
-    seed gives bit-identical weights.
+    override them. A callable ``name`` is called as
+    ``name(input_shape, num_classes, **params)``. The initialisation draws from
+    a forked CPU RNG seeded with ``seed``, so the caller's global torch RNG is
+    left untouched and the same seed gives bit-identical weights.
     """
-    base, given = parse_spec(name, "model")
-    entry = lookup(MODELS, base, "model")
-    resolved = entry.resolve({**given, **params})
+    if callable(name):
+        factory, resolved = name, dict(params)
+    else:
+        base, given = parse_spec(name, "model")
+        entry = lookup(MODELS, base, "model")
+        factory, resolved = entry.factory, entry.resolve({**given, **params})
     shape = tuple(int(s) for s in input_shape)
     if not shape or min(shape) < 1:
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {shape}")
     if not isinstance(num_classes, int) or num_classes < 2:
         raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return entry.factory(shape, num_classes, **resolved)
+        torch.default_generator.manual_seed(seed)
+        model = factory(shape, num_classes, **resolved)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model factory returned {type(model).__name__}, not an nn.Module")
+    return model
 
 
 def parameter_count(model: nn.Module) -> int:

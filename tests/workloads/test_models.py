@@ -10,12 +10,14 @@ from torch.func import functional_call, grad, vmap
 from workloads import (
     MODELS,
     NotBatchableError,
+    Param,
     StackedBatchSampler,
     build_model,
     check_batchable,
     load_dataset,
     parameter_count,
     partition,
+    register_model,
 )
 
 # (spec, input_shape) covering every registered model.
@@ -121,6 +123,37 @@ def test_build_model_spec_and_keyword_parameters() -> None:
         build_model("mlp", (0,), 3)
 
 
+class TinyNet(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 3) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.Tanh())
+        self.out = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.net(x))
+
+
+def test_user_factories_directly_and_registered() -> None:
+    direct = build_model(TinyNet, (4,), 3, seed=1, width=5)
+    assert parameter_count(direct) == 4 * 5 + 5 + 5 * 3 + 3
+    again = build_model(TinyNet, (4,), 3, seed=1, width=5)
+    assert all(torch.equal(p, q) for p, q in zip(direct.parameters(), again.parameters()))
+    register_model("tiny-test", TinyNet, {"width": Param(int, 3, "hidden width")}, "a test model")
+    try:
+        built = build_model("tiny-test:width=5", (4,), 3, seed=1)
+        assert all(torch.equal(p, q) for p, q in zip(direct.parameters(), built.parameters()))
+        with pytest.raises(ValueError, match="model 'tiny-test' is already registered"):
+            register_model("tiny-test", TinyNet)
+        with pytest.raises(ValueError, match="tiny-test: parameter 'width' must be a int"):
+            build_model("tiny-test:width=wide", (4,), 3)
+    finally:
+        del MODELS["tiny-test"]
+    with pytest.raises(ValueError, match="model name must be a non-empty string without"):
+        register_model("a:b", TinyNet)
+    with pytest.raises(ValueError, match=r"model factory returned int, not an nn\.Module"):
+        build_model(lambda shape, classes: 3, (4,), 3)
+
+
 # --------------------------------------------------------------------------- check_batchable
 
 
@@ -156,7 +189,8 @@ class DataDependent(nn.Module):
 
 def test_batchnorm_is_named() -> None:
     with pytest.raises(
-        NotBatchableError, match=r"submodule 'body.1' .*BatchNorm1d updates its running statistics"
+        NotBatchableError,
+        match=r"submodule 'body.1' .*BatchNorm1d updates its running statistics",
     ) as caught:
         check_batchable(WithBatchNorm())
     assert caught.value.module_name == "body.1"
