@@ -592,6 +592,30 @@ def test_batched_equals_per_node(rule: str) -> None:
     assert not torch.allclose(batched_model, start, atol=1e-3)  # something happened
 
 
+def test_late_messages_fold_their_weight_into_the_self_weight() -> None:
+    """mask False (missed the deadline): rows stay stochastic, so agreement is kept, a node
+    that heard nobody keeps its model, and the peer's unbatched call agrees with the batch."""
+    n, d = 8, 4
+    table = table_from_dense(ring_metropolis(n))
+    delivered = (
+        torch.rand(n, table.index.shape[1], generator=torch.Generator().manual_seed(2)) < 0.5
+    )
+    delivered[3] = False
+    algorithm = DecentralizedSGD()
+    agreed = algorithm.init(torch.full((n, d), 2.5, dtype=torch.float64))
+    synchronous_exchange(algorithm, agreed, table, delivered=delivered)
+    assert torch.allclose(agreed.x, torch.full((n, d), 2.5, dtype=torch.float64), atol=1e-15)
+    start = torch.randn(n, d, dtype=torch.float64)
+    batched = algorithm.init(start.clone())
+    synchronous_exchange(algorithm, batched, table, delivered=delivered)
+    assert torch.equal(batched.x[3], start[3])
+    for i in range(n):
+        peer = algorithm.init(start[i].clone())
+        mask = table.mask[i] & delivered[i]
+        algorithm.combine(peer, start[i], start[table.index[i]], table.weight[i], mask)
+        assert torch.allclose(peer.x, batched.x[i], rtol=0, atol=1e-15)
+
+
 def test_exchange_reports_the_wire_bytes_of_each_message() -> None:
     n, d = 6, 50
     table = table_from_dense(ring_metropolis(n))
