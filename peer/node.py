@@ -22,9 +22,10 @@ gradient, exchange, step). The exchange is
 * ``mode="sync"`` -- D-PSGD rounds (Lian et al., NeurIPS 2017) through
   ``gossip.DecentralizedSGD.combine``: x_i <- w_ii x_i + sum_j w_ij x_j with
   uniform w_ij = 1/(k+1) over the k known members; each pair does one round trip
-  (the callee stores the caller's round-t model and answers with its own round-t
-  model once it has one); neighbours that miss ``round_deadline_s`` are masked
-  out, so their weight folds into the self weight (consensus's mask convention).
+  (the smaller id calls; the callee stores the caller's round-t model and answers
+  with its own round-t model once it has one); neighbours that miss
+  ``round_deadline_s`` are masked out, so their weight folds into the self
+  weight (consensus's mask convention).
 
 Model copies held (d = parameter count; an edge device sizes for these): the
 model itself, the flat gradient, the optimizer's state, one snapshot per
@@ -290,7 +291,10 @@ class Peer:
                 empty = False
                 yield batch
             if empty:
-                raise ValueError("train_data yielded no batches")
+                raise ValueError(
+                    "train_data yielded no batches (an exhausted iterator? pass a list, a "
+                    "DataLoader or an endless iterator such as workloads.peer_batches)"
+                )
 
     def _gradient(self) -> None:
         inputs, targets = self._next_batch()
@@ -422,24 +426,38 @@ class Peer:
                     del rounds[r]
             self._changed.notify_all()
         expected = self._expected()
-        callees = [
-            m
-            for m in self.membership.neighbours()
-            if not (self._served.get(m.id) == t and t in self._inbox.get(m.id, {}))
-        ]
         failed: set[str] = set()
-        tasks = [asyncio.create_task(self._sync_call(m, self._published, failed)) for m in callees]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.round_deadline_s
+        envelope = self._published
+
+        def done(peer_id: str) -> bool:
+            return peer_id in failed or t in self._inbox.get(peer_id, {})
 
         def complete() -> bool:
-            return all(j in failed or t in self._inbox.get(j, {}) for j in expected)
+            return all(done(j) for j in expected)
 
-        async with self._changed:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(complete), max(deadline - loop.time(), 0)
-                )
+        # One round trip per pair: we call neighbours with a larger id (a client-only
+        # peer calls everyone) and expect the others to call us. A smaller-id neighbour
+        # whose model has not arrived after a quarter of the deadline is called too,
+        # so a dead or lagging one is still detected and suspected.
+        eager: list[Member] = []
+        lazy: list[Member] = []
+        for member in self.membership.neighbours():
+            if self._served.get(member.id) == t and t in self._inbox.get(member.id, {}):
+                continue  # it called us this round and got our round-t model
+            (eager if self.address is None or member.id > self.peer_id else lazy).append(member)
+        tasks = [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in eager]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.round_deadline_s
+        patience = loop.time() + self.config.round_deadline_s / 4
+        no_one: list[Member] = []
+        for until, then_call in ((patience, lazy), (deadline, no_one)):
+            async with self._changed:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(complete), max(until - loop.time(), 0)
+                    )
+            late = [m for m in then_call if not done(m.id) and self._served.get(m.id) != t]
+            tasks += [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in late]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -242,9 +242,20 @@ def decode_tensor(
         tensor = torch.frombuffer(data, dtype=got_dtype).reshape(got_shape)
     if sys.byteorder != "little":
         tensor = _swap_byte_order(tensor)
-    if finite and got_dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
+    if finite and got_dtype.is_floating_point and not all_finite(tensor):
         raise NonFiniteValues(f"{field} carries NaN or infinite values")
     return tensor
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN and no infinity, in one reduction pass without a [d] bool temporary.
+
+    NaN propagates through min/max, and an infinity is the min or the max.
+    """
+    if tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor.reshape(-1))
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
 
 
 def _refuse_ext(code: int, data: bytes) -> object:
@@ -277,9 +288,41 @@ def unpack(body: bytes, *, max_bytes: int) -> Any:
         raise MalformedBody(f"body is not a single msgpack object: {error}") from None
 
 
+SPLICE_BYTES = 1 << 16
+"""A trailing buffer at least this large is spliced into the body instead of packed."""
+
+
+def _bin_header(length: int) -> bytes:
+    if length < 1 << 8:
+        return b"\xc4" + length.to_bytes(1, "big")
+    if length < 1 << 16:
+        return b"\xc5" + length.to_bytes(2, "big")
+    return b"\xc6" + length.to_bytes(4, "big")
+
+
+def _detach_tail(obj: dict[str, Any]) -> tuple[dict[str, Any], memoryview | bytes | None]:
+    """Copy the chain of last map values down to a trailing large buffer, replacing it by b""."""
+    if not obj:
+        return obj, None
+    key = next(reversed(obj))
+    value = obj[key]
+    if isinstance(value, dict):
+        inner, tail = _detach_tail(value)
+        return ({**obj, key: inner}, tail) if tail is not None else (obj, None)
+    if isinstance(value, memoryview | bytes | bytearray) and len(value) >= SPLICE_BYTES:
+        return {**obj, key: b""}, value if isinstance(value, memoryview | bytes) else bytes(value)
+    return obj, None
+
+
 def pack_envelope(envelope: Envelope) -> bytes:
-    """The msgpack body of an envelope."""
-    return pack(
+    """The msgpack body of an envelope.
+
+    The big tensor bytes are the body's last item (``data`` is the last key of the
+    last map), so they are spliced in with one ``bytes.join`` copy rather than
+    grown into msgpack's buffer: the same bytes as ``msgpack.packb`` up to the
+    width of that one bin header.
+    """
+    obj, tail = _detach_tail(
         {
             "v": envelope.version,
             "sender": envelope.sender,
@@ -289,6 +332,13 @@ def pack_envelope(envelope: Envelope) -> bytes:
             "payload": dict(envelope.payload),
         }
     )
+    head = pack(obj)
+    if tail is None:
+        return head
+    if not head.endswith(b"\xc4\x00"):  # the empty bin standing in for the tail
+        raise RuntimeError("envelope tail splice: packed head does not end in an empty bin")
+    tail_bytes = tail.nbytes if isinstance(tail, memoryview) else len(tail)
+    return b"".join((head[:-2], _bin_header(tail_bytes), tail))
 
 
 _ENVELOPE_KEYS = frozenset({"v", "sender", "round", "step", "codec", "payload"})

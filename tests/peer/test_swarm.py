@@ -76,10 +76,26 @@ async def test_sync_round_on_a_complete_graph_reaches_the_average_in_one_round()
             assert p.round == 1
 
 
-async def test_sync_round_masks_a_dead_neighbour_and_suspects_it() -> None:
+async def test_sync_rounds_take_one_round_trip_per_pair() -> None:
+    async with AsyncExitStack() as stack:
+        peers = await swarm(stack, 3, mode="sync", round_deadline_s=8.0)
+        for _ in range(3):
+            assert await asyncio.gather(*(p.gossip() for p in peers)) == [2, 2, 2]
+        calls = [
+            p.metrics.registry.get_sample_value(
+                "gossipnet_exchanges_total", {"role": "caller", "outcome": "ok"}
+            )
+            or 0
+            for p in peers
+        ]
+        assert calls == [6, 3, 0]  # p0 calls p1 and p2, p1 calls p2: 3 pairs, 3 calls a round
+
+
+@pytest.mark.parametrize("dead_index", [0, 2])  # the lowest id (called late) or the highest
+async def test_sync_round_masks_a_dead_neighbour_and_suspects_it(dead_index: int) -> None:
     async with AsyncExitStack() as stack:
         peers = await swarm(stack, 3, mode="sync", round_deadline_s=1.0, request_timeout_s=1.0)
-        dead = peers.pop()
+        dead = peers.pop(dead_index)
         await dead.stop()
         before = [p.flat.vector.clone() for p in peers]
         done = await asyncio.gather(*(p.gossip() for p in peers))

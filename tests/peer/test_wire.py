@@ -178,3 +178,37 @@ def test_error_statuses_are_4xx_with_json() -> None:
         assert 400 <= err.status < 600
         assert err.to_json() == {"error": cls.code, "detail": "why"}
     assert len({cls.code for cls in ERROR_CLASSES}) == len(ERROR_CLASSES)
+
+
+@pytest.mark.parametrize("numel", [10, wire.SPLICE_BYTES // 4, 100_000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_spliced_body_is_exactly_msgpack(numel: int, dtype: torch.dtype) -> None:
+    t = torch.randn(numel).to(dtype)
+    enc = wire.encode_tensor(t)
+    env = wire.Envelope(sender="a", round=1, step=2, codec="none", payload={"tensor": enc})
+    reference = msgpack.packb(
+        {
+            "v": 1,
+            "sender": "a",
+            "round": 1,
+            "step": 2,
+            "codec": "none",
+            "payload": {"tensor": {**enc, "data": bytes(enc["data"])}},
+        },
+        use_bin_type=True,
+    )
+    assert wire.pack_envelope(env) == reference
+
+
+def test_splice_leaves_the_callers_payload_alone() -> None:
+    payload = {"codec": "fp16", "dtype": "<f2", "data": bytes(200_000)}
+    env = wire.Envelope(sender="a", round=0, codec="fp16", payload=payload)
+    body = wire.pack_envelope(env)
+    assert len(payload["data"]) == 200_000
+    assert msgpack.unpackb(body)["payload"] == payload
+
+
+@given(st.lists(st.floats(width=32), min_size=1, max_size=40))
+def test_all_finite_matches_isfinite(values: list[float]) -> None:
+    t = torch.tensor(values, dtype=torch.float32)
+    assert wire.all_finite(t) == bool(torch.isfinite(t).all())
