@@ -16,6 +16,7 @@ import secrets
 from contextlib import AsyncExitStack
 
 import torch
+
 from peer.config import PeerConfig
 from peer.node import Peer
 from workloads import build_model, load_dataset, partition, peer_batches
@@ -51,7 +52,7 @@ async def main(steps: int, mode: str, num_peers: int = 3) -> None:
         for i in range(1, num_peers):
             peers.append(await stack.enter_async_context(make_peer(i, (first.address,))))
         print(f"swarm of {num_peers} at", ", ".join(p.address or "-" for p in peers))
-        for chunk in range(5):
+        for _chunk in range(5):
             await asyncio.gather(*(p.run(steps=steps // 5) for p in peers))
             stacked = torch.stack([p.flat.vector for p in peers])
             distance = float((stacked - stacked.mean(0)).norm(dim=1).max())
