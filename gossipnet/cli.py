@@ -50,6 +50,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "list data sets, partitions and models, or inspect one setup (sizes, skew, parameters)",
             lambda: __import__("workloads.cli", fromlist=["main"]).main,
         ),
+        Subcommand(
+            "consensus",
+            "list aggregation rules and attacks with their parameters, or check a spec string",
+            lambda: __import__("consensus.cli", fromlist=["main"]).main,
+        ),
     ]
 }
 
