@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -232,3 +233,26 @@ async def test_open_swarm_warns_and_accepts_unsigned() -> None:
         async with started_peer("open", secret=None) as p:
             status, _, _ = await post(p, envelope_body(torch.zeros(p.spec.numel)), secret=None)
             assert status == 200
+
+
+async def test_truncated_body_is_malformed_and_model_untouched() -> None:
+    with pytest.warns(auth.OpenSwarmWarning):
+        async with started_peer("open", secret=None) as p:
+            before = model_bytes(p)
+            host, port = p.address.split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"\x00" * 10
+            )
+            await writer.drain()
+            writer.write_eof()
+            try:  # aiohttp either answers 400 or drops the connection: never 200
+                response = await asyncio.wait_for(reader.read(), timeout=10)
+            except ConnectionResetError:
+                response = b""
+            writer.close()
+            assert not response.startswith(b"HTTP/1.1 200")
+            assert model_bytes(p) == before
+            assert p.metrics.registry.get_sample_value(
+                "gossipnet_exchanges_total", {"role": "callee", "outcome": "ok"}
+            ) in (None, 0.0)
