@@ -1,1 +1,20 @@
-"""The networked gossip peer (not built yet: see issue 6)."""
+"""The networked gossip peer: wire format, auth, server and client, membership, checkpoints.
+
+Embed a peer in any asyncio program::
+
+    from peer import Peer, PeerConfig
+    async with Peer(model, optimizer_factory, loss_fn, batches, PeerConfig(peer_id="a")) as p:
+        await p.run(steps=1000)
+
+Modules: :mod:`peer.wire` (versioned msgpack envelope, raw tensor bytes, size
+caps), :mod:`peer.auth` (HMAC-SHA256 signatures, TLS contexts),
+:mod:`peer.server` / :mod:`peer.client` (the ``/v1`` endpoints),
+:mod:`peer.membership`, :mod:`peer.checkpoint`, :mod:`peer.codecs`,
+:mod:`peer.config`, :mod:`peer.node` (:class:`Peer`). The protocol is written
+down in docs/protocol.md and peer/openapi.yaml.
+"""
+
+from peer.config import PeerConfig
+from peer.node import Peer
+
+__all__ = ["Peer", "PeerConfig"]
