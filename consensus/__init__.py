@@ -6,8 +6,9 @@ weights W_ij; the self weight is 1 - sum). Build one by spec string::
 
     >>> import consensus, torch
     >>> rule = consensus.build("trimmed-mean:b=1")
-    >>> rule(torch.zeros(3), torch.eye(3), torch.full((3,), 0.25))
-    tensor([0.2500, 0.2500, 0.2500])
+    >>> neighbours = torch.tensor([[1.0, 2.0], [3.0, 4.0], [100.0, -100.0]])
+    >>> rule(torch.zeros(2), neighbours, torch.full((3,), 0.25))
+    tensor([2., 1.])
 
 ``consensus.weighted_mean`` / ``WeightedMean`` (spec ``mean``) is THE gossip
 averaging that ``gossip``, ``sim`` and ``peer`` call. See ``docs/consensus.md``.

@@ -78,12 +78,12 @@ class Neighbourhood:
     def centred(self) -> Tensor:
         """[B, k, d] neighbours minus own, absent rows zeroed (a fresh tensor)."""
         diffs = self.neighbours - self.own[:, None, :]
-        return diffs.masked_fill_(~self.mask[:, :, None], 0.0)
+        return fill_rows_(diffs, ~self.mask, 0.0)
 
     def stacked(self, fill: float) -> Tensor:
         """[B, n, d] the set {own} + neighbours, absent rows filled with ``fill``."""
         values = torch.cat([self.own[:, None, :], self.neighbours], dim=1)
-        return values.masked_fill_(~self.set_mask()[:, :, None], fill)
+        return fill_rows_(values, ~self.set_mask(), fill)
 
     def replace(
         self,
@@ -106,6 +106,17 @@ class Neighbourhood:
             removed=self.removed,
             declared=self.declared if declared is None else declared,
         )
+
+
+def fill_rows_(tensor: Tensor, rows: Tensor, value: float) -> Tensor:
+    """Set the rows ``tensor[b, j, :]`` where ``rows[b, j]`` to ``value``, in place.
+
+    Touches only those rows (a broadcast ``masked_fill_`` would pass over the
+    whole [B, k, d] tensor), and nothing at all when no row is selected.
+    """
+    if bool(rows.any()):
+        tensor[rows] = value
+    return tensor
 
 
 def _shape(shape: torch.Size | tuple[int, ...]) -> str:

@@ -83,5 +83,9 @@ class Rule:
         """Forget state kept between calls (stateless rules have none)."""
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        params = ", ".join(
+            f"{k}={v!r}"
+            for k, v in vars(self).items()
+            if not k.startswith("_") and not isinstance(v, Tensor | type(None))
+        )
         return f"{type(self).__name__}({params})"

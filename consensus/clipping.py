@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from consensus._inputs import Neighbourhood
+from consensus._inputs import Neighbourhood, fill_rows_
 from consensus.base import Rule, check_float, check_int
 from consensus.order_statistics import CoordinateWiseMedian
 
@@ -39,7 +39,7 @@ class GeometricMedian(Rule):
         estimate = CoordinateWiseMedian()._aggregate(hood)
         for _ in range(self.T):
             diffs = hood.neighbours - estimate[:, None, :]
-            diffs.masked_fill_(~hood.mask[:, :, None], 0.0)
+            fill_rows_(diffs, ~hood.mask, 0.0)
             distance = torch.linalg.vector_norm(diffs, dim=-1).clamp_min(self.nu)
             own_distance = torch.linalg.vector_norm(hood.own - estimate, dim=-1).clamp_min(self.nu)
             beta = hood.weights / distance
@@ -86,7 +86,7 @@ class CenteredClipping(Rule):
             )
         for _ in range(self.L):
             diffs = hood.neighbours - centre[:, None, :]
-            diffs.masked_fill_(~hood.mask[:, :, None], 0.0)
+            fill_rows_(diffs, ~hood.mask, 0.0)
             scale = clip_scale(torch.linalg.vector_norm(diffs, dim=-1), self.tau)
             own_diff = hood.own - centre
             own_scale = clip_scale(torch.linalg.vector_norm(own_diff, dim=-1), self.tau)

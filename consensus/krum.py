@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from consensus._inputs import Neighbourhood, pairwise_squared_distances, renormalised_average
+from consensus._inputs import (
+    Neighbourhood,
+    fill_rows_,
+    pairwise_squared_distances,
+    renormalised_average,
+)
 from consensus._sorting import sort_rows
 from consensus.base import Rule, bound_error, check_int
 from consensus.order_statistics import sort_with_weights, uniform_weights
@@ -149,7 +154,7 @@ class Bulyan(Rule):
             pick[rows, best] = active
             selected |= pick
             remaining &= ~pick
-        values = hood.stacked(float("inf")).masked_fill_(~selected[:, :, None], float("inf"))
+        values = fill_rows_(hood.stacked(float("inf")), ~selected, float("inf"))
         if uniform_weights(hood) and bool((theta == theta[0]).all() & (beta == beta[0]).all()):
             return _closest_to_median_uniform(sort_rows(values), int(theta[0]), int(beta[0]))
         return _closest_to_median(values, hood.set_weights(), theta, beta)
