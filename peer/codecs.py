@@ -93,12 +93,14 @@ class CompressorCodec:
     receiver accepts any parameters of the codec the envelope names.
     """
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, *, seed: int = 0) -> None:
         self.compressor = compression.build_compressor(spec)
         self.name = self.compressor.codec
+        self.generator = torch.Generator().manual_seed(seed)
 
     def encode(self, vector: torch.Tensor) -> dict[str, Any]:
-        return dict(self.compressor.encode(vector))
+        """The compressor's payload; randomized codecs (qsgd) draw from the seeded generator."""
+        return dict(self.compressor.encode(vector, self.generator))
 
     def decode(self, payload: Mapping[str, Any], spec: ModelSpec) -> torch.Tensor:
         if payload.get("codec") != self.name:
@@ -110,15 +112,16 @@ class CompressorCodec:
         return decoded.to(spec.dtype)
 
 
-def build_codec(spec: str) -> Codec:
+def build_codec(spec: str, *, seed: int = 0) -> Codec:
     """The codec for a spec string: ``none``, ``fp16``, ``bf16`` or ``qsgd[:bits=B,block=K]``.
 
-    Raises ``ValueError`` naming the allowed codecs for anything else.
+    ``seed`` seeds the randomness of stochastic codecs (qsgd's rounding). Raises
+    ``ValueError`` naming the allowed codecs for anything else.
     """
     name = spec.partition(":")[0].strip() if isinstance(spec, str) else spec
     if name not in DENSE_CODECS:
         raise ValueError(f"codec must be one of {list(DENSE_CODECS)}, got {spec!r}")
-    return DenseCodec() if name == "none" else CompressorCodec(spec)
+    return DenseCodec() if name == "none" else CompressorCodec(spec, seed=seed)
 
 
 def receiving_codecs() -> dict[str, Codec]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -78,6 +79,12 @@ VIEW_REFRESH_ROUNDS = 10
 """Every this many rounds a peer pulls a random neighbour's membership view."""
 
 
+def _derived_seed(seed: int, peer_id: str) -> int:
+    """A 63-bit seed from (seed, peer id): peers of one swarm seed differently, reproducibly."""
+    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 class Peer:
     """A gossip-training peer: model, optimizer, data, server, client and membership.
 
@@ -117,7 +124,7 @@ class Peer:
         self.train_data = train_data
         self.spec = ModelSpec.of(self.flat.vector)
         self.max_body_bytes = max_body_bytes(self.spec.num_bytes, factor=config.max_body_factor)
-        self.codec = build_codec(config.codec)
+        self.codec = build_codec(config.codec, seed=_derived_seed(config.seed, config.peer_id))
         self.codecs = receiving_codecs()
         self.aggregator = consensus.build(config.aggregator)
         self.algorithm = DecentralizedSGD(

@@ -141,3 +141,11 @@ def test_addresses(address: str) -> None:
 def test_bad_addresses(address: object) -> None:
     with pytest.raises(ValueError, match="address"):
         check_address(address)
+
+
+def test_stochastic_codec_is_seeded() -> None:
+    x = torch.randn(1000)
+    first = codecs.build_codec("qsgd:bits=2", seed=7).encode(x)
+    again = codecs.build_codec("qsgd:bits=2", seed=7).encode(x)
+    other = codecs.build_codec("qsgd:bits=2", seed=8).encode(x)
+    assert first == again and first != other

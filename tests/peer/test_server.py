@@ -242,7 +242,8 @@ async def test_truncated_body_is_malformed_and_model_untouched() -> None:
             host, port = p.address.split(":")
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(
-                b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"\x00" * 10
+                b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+                + b"\x00" * 10
             )
             await writer.drain()
             writer.write_eof()
