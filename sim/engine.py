@@ -128,9 +128,10 @@ class BatchedPeers:
             for i in range(1, n):  # construction only, once per run
                 stacked[i] = _flat(self.layout, _seeded_copy(factory, seed + i)).to(dtype)
         self.params: Tensor = stacked
-        self._grad_fn = vmap(grad_and_value(self._loss_of_flat), in_dims=(0, 0, 0))
-        self._forward_shared = vmap(self._forward_flat, in_dims=(0, None))
-        self._forward_own = vmap(self._forward_flat, in_dims=(0, 0))
+        # differentiate w.r.t. per-parameter views of each row (not the flat row: the backward
+        # of n slices of one flat vector would zero-fill and add n full [n, d] buffers)
+        self._grad_fn = vmap(grad_and_value(self._loss_of_views), in_dims=(0, 0, 0))
+        self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
 
     @property
@@ -138,17 +139,17 @@ class BatchedPeers:
         """d, the number of parameters of one peer's model."""
         return self.layout.numel
 
-    def _forward_flat(self, flat: Tensor, x: Tensor) -> Tensor:
-        return functional_call(self.template, (self.layout.unflatten(flat), self.buffers), (x,))
+    def _forward_views(self, views: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(self.template, (views, self.buffers), (x,))
 
-    def _loss_of_flat(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        return self.loss(self._forward_flat(flat, x), y)
+    def _loss_of_views(self, views: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        return self.loss(self._forward_views(views, x), y)
 
-    def _batchable_guard(self, call: Callable[[], Any]) -> Any:
+    def _batchable_guard(self, call: Callable[..., Any], *args: Any) -> Any:
         if self._checked:
-            return call()
+            return call(*args)
         try:
-            result = call()
+            result = call(*args)
         except (RuntimeError, NotImplementedError, ValueError) as error:
             raise ModelNotBatchableError(
                 "",
@@ -162,23 +163,46 @@ class BatchedPeers:
         return result
 
     def gradients(
-        self, x: Tensor, y: Tensor, params: Tensor | None = None
+        self, x: Tensor, y: Tensor, params: Tensor | None = None, *, block_rows: int | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Per-peer loss ``[m]`` and gradient ``[m, d]`` of ``params [m, d]`` (default all)."""
+        """Per-peer loss ``[m]`` and gradient ``[m, d]`` of ``params [m, d]`` (default all).
+
+        Peers are processed ``block_rows`` at a time (default: as many as keep about 32 MiB of
+        per-peer gradients in flight), each block one ``vmap(grad)`` whose result is written
+        straight into the ``[m, d]`` output: at large n this keeps the block's gradients in
+        the CPU cache instead of materialising and copying an ``[n, d]`` intermediate.
+        """
         flat = self.params if params is None else params
-        if x.shape[0] != flat.shape[0] or y.shape[0] != flat.shape[0]:
+        m = flat.shape[0]
+        if x.shape[0] != m or y.shape[0] != m:
             raise ValueError(
-                f"x, y: leading dimension must be the number of peers {flat.shape[0]}, "
+                f"x, y: leading dimension must be the number of peers {m}, "
                 f"got {tuple(x.shape)} and {tuple(y.shape)}"
             )
-        grads, losses = self._batchable_guard(lambda: self._grad_fn(flat.detach(), x, y))
-        return losses.detach(), grads.detach()
+        block = block_rows or max(1, (32 << 20) // (4 * self.dim))
+        if block < 1:
+            raise ValueError(f"block_rows: must be >= 1, got {block_rows}")
+        flat = flat.detach()
+        if m <= block:
+            views = self.layout.unflatten(flat)
+            grads, losses = self._batchable_guard(self._grad_fn, views, x, y)
+            return losses.detach(), self.layout.flatten(grads).detach()
+        out = torch.empty_like(flat)
+        losses = torch.empty(m, dtype=flat.dtype)
+        for start in range(0, m, block):
+            rows = slice(start, start + block)
+            views = self.layout.unflatten(flat[rows])
+            grads, loss = self._batchable_guard(self._grad_fn, views, x[rows], y[rows])
+            out[rows] = self.layout.flatten(grads)
+            losses[rows] = loss.detach()
+        return losses, out
 
     @torch.no_grad()
     def logits(self, x: Tensor, params: Tensor | None = None) -> Tensor:
         """Outputs ``[m, N, C]`` of models ``params [m, d]`` on one shared input ``x [N, ...]``."""
         flat = self.params if params is None else params
-        return self._batchable_guard(lambda: self._forward_shared(flat, x))
+        views = self.layout.unflatten(flat)
+        return self._batchable_guard(self._forward_shared, views, x)
 
     @torch.no_grad()
     def evaluate(
@@ -327,8 +351,9 @@ def keeps_state(aggregator: object) -> bool:
 
 
 def rows_for_budget(
-    n: int, k: int, d: int, *, element_size: int = 4, budget_bytes: int = 1 << 28
+    n: int, k: int, d: int, *, element_size: int = 4, budget_bytes: int = 1 << 23
 ) -> int:
-    """How many receivers fit a ``[rows, k, d]`` gather in ``budget_bytes`` (default 256 MiB)."""
+    """How many receivers fit a ``[rows, k, d]`` gather in ``budget_bytes`` (default 8 MiB,
+    about what stays in a CPU's last-level cache while the rule reads it back)."""
     per_row = max(k, 1) * d * element_size
     return max(1, min(n, budget_bytes // max(per_row, 1)))

@@ -177,3 +177,14 @@ def test_gather_mix_dead_sender_weight_folds_into_self_and_dead_receiver_keeps_i
     torch.testing.assert_close(mixed[1], values[1])
     # node 0 hears only from 3: (2/3) x0 + (1/3) x3
     torch.testing.assert_close(mixed[0], values[0] * 2 / 3 + values[3] / 3)
+
+
+def test_gradients_in_blocks_of_peers_equal_one_call() -> None:
+    peers = BatchedPeers(mlp, 7, init="independent", seed=4)
+    x, y = data(7, 8, seed=3)
+    losses, grads = peers.gradients(x, y)
+    block_losses, block_grads = peers.gradients(x, y, block_rows=3)
+    torch.testing.assert_close(block_losses, losses)
+    torch.testing.assert_close(block_grads, grads)
+    with pytest.raises(ValueError, match="x, y: leading dimension"):
+        peers.gradients(x[:3], y[:3])
