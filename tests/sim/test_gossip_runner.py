@@ -157,3 +157,17 @@ def test_peers_that_hear_too_few_neighbours_for_the_rule_keep_their_model() -> N
     records = run(gossip, ctx, evaluation, rounds=10, eval_every=10)
     assert np.isfinite(records[-1].test_loss)
     assert records[-1].test_accuracy > 0.3
+
+
+def test_push_sum_on_the_one_peer_exponential_schedule_learns_and_agrees() -> None:
+    from gossip.algorithms import PushSum
+
+    n = 8
+    gossip = SynchronousGossip(PushSum(), topologies.OnePeerExponential(n))
+    ctx, evaluation = make_context(n, batch_size=16)
+    records = run(gossip, ctx, evaluation, rounds=40, eval_every=40)
+    assert records[-1].test_accuracy > 0.75
+    # one peer per round: each peer sends one message per round
+    wire = gossip.algorithm.compressor.wire_bytes(ctx.peers.dim + 1)
+    assert records[-1].bytes_busiest == 40 * wire
+    assert records[-1].consensus_distance < 0.1
