@@ -16,6 +16,7 @@ node's own vector is trusted: a non-finite ``own`` raises ``ValueError``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -74,11 +75,6 @@ class Neighbourhood:
     def set_weights(self) -> Tensor:
         """[B, n] mixing weights of the set: (w_ii, W_ij...), zero where absent."""
         return torch.cat([self.self_weight[:, None], self.weights], dim=1)
-
-    def centred(self) -> Tensor:
-        """[B, k, d] neighbours minus own, absent rows zeroed (a fresh tensor)."""
-        diffs = self.neighbours - self.own[:, None, :]
-        return fill_rows_(diffs, ~self.mask, 0.0)
 
     def stacked(self, fill: float) -> Tensor:
         """[B, n, d] the set {own} + neighbours, absent rows filled with ``fill``."""
@@ -230,23 +226,48 @@ def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | Non
     )
 
 
-def pairwise_squared_distances(hood: Neighbourhood, centred: Tensor | None = None) -> Tensor:
-    """[B, n, n] squared distances within {own} + neighbours, from one Gram matrix product.
+#: Largest temporary (in elements; 16 MiB of float32) a rule allocates while it measures
+#: distances, so no rule ever holds a second copy of all the neighbours' vectors.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def column_blocks(rows: int, d: int) -> Iterator[slice]:
+    """Slices of the d columns so that ``rows`` rows of one slice hold ~``CHUNK_ELEMENTS``."""
+    width = max(1, CHUNK_ELEMENTS // max(rows, 1))
+    for start in range(0, d, width):
+        yield slice(start, min(start + width, d))
+
+
+def squared_distances_to(hood: Neighbourhood, centre: Tensor) -> Tensor:
+    """[B, k] ||x_j - c_b||^2 for every neighbour slot (0 where absent), block by block."""
+    out = torch.zeros(hood.batch, hood.k, dtype=hood.own.dtype, device=hood.own.device)
+    for cols in column_blocks(hood.batch * hood.k, hood.dim):
+        diff = hood.neighbours[:, :, cols] - centre[:, None, cols]
+        out += diff.square_().sum(-1)
+    return out.masked_fill_(~hood.mask, 0.0)
+
+
+def pairwise_squared_distances(hood: Neighbourhood) -> Tensor:
+    """[B, n, n] squared distances within {own} + neighbours, from a Gram matrix product.
 
     Vectors are centred at ``own`` first (distances are translation invariant),
     which keeps float32 cancellation small when all vectors share a large
-    offset. Absent members get +inf rows and columns; the diagonal is 0.
+    offset; the centring runs over column blocks, one ``bmm`` each, so there is
+    no second copy of the neighbours. Absent members get +inf rows and
+    columns; the diagonal is 0.
     """
-    xc = hood.centred() if centred is None else centred
-    gram = torch.bmm(xc, xc.transpose(1, 2)).to(torch.float64)  # [B, k, k]
+    b, k = hood.batch, hood.k
+    gram = torch.zeros(b, k, k, dtype=torch.float64, device=hood.own.device)
+    for cols in column_blocks(b * k, hood.dim):
+        block = fill_rows_(hood.neighbours[:, :, cols] - hood.own[:, None, cols], ~hood.mask, 0.0)
+        gram += torch.bmm(block, block.transpose(1, 2)).to(torch.float64)
     sq = gram.diagonal(dim1=1, dim2=2)  # ||x_j - own||^2
     between = (sq[:, :, None] + sq[:, None, :] - 2.0 * gram).clamp_min(0.0)
-    b, k = hood.batch, hood.k
-    dist = torch.zeros(b, k + 1, k + 1, dtype=torch.float64, device=xc.device)
+    dist = torch.zeros(b, k + 1, k + 1, dtype=torch.float64, device=gram.device)
     dist[:, 1:, 1:] = between
     dist[:, 0, 1:] = sq
     dist[:, 1:, 0] = sq
-    idx = torch.arange(k + 1, device=xc.device)
+    idx = torch.arange(k + 1, device=gram.device)
     dist[:, idx, idx] = 0.0
     present = hood.set_mask()
     absent = ~(present[:, :, None] & present[:, None, :])
@@ -254,14 +275,24 @@ def pairwise_squared_distances(hood: Neighbourhood, centred: Tensor | None = Non
     return dist.masked_fill_(absent, float("inf"))
 
 
-def renormalised_average(hood: Neighbourhood, chosen: Tensor, centred: Tensor) -> Tensor:
-    """own + sum_c a_c (x_c - own) with a_c = w_c [c chosen] / sum(w [chosen]) over the set.
+def combine(hood: Neighbourhood, own_coefficient: Tensor, coefficients: Tensor) -> Tensor:
+    """[B, d] a_0 x_i + sum_j a_j x_j: one fused multiply-add and one batched matrix product.
 
-    ``chosen`` is [B, n] over the set {own} + neighbours. When the chosen
-    members carry no mixing weight at all, they are averaged uniformly.
+    ``coefficients [B, k]`` must be 0 on absent slots (whose content, finite
+    after :func:`prepare`, then drops out).
+    """
+    out = torch.bmm(coefficients[:, None, :], hood.neighbours).squeeze(1)
+    return out.addcmul_(hood.own, own_coefficient[:, None])
+
+
+def renormalised_average(hood: Neighbourhood, chosen: Tensor) -> Tensor:
+    """sum_c a_c x_c with a_c = w_c [c chosen] / sum(w [chosen]) over the set {own} + neighbours.
+
+    ``chosen`` is [B, n]. When the chosen members carry no mixing weight at
+    all, they are averaged uniformly.
     """
     w = hood.set_weights() * chosen
     total = w.sum(-1, keepdim=True)
     uniform = chosen.to(w.dtype) / chosen.sum(-1, keepdim=True).clamp_min(1)
     coef = torch.where(total > 0, w / total.clamp_min(torch.finfo(w.dtype).tiny), uniform)
-    return hood.own + torch.bmm(coef[:, None, 1:], centred).squeeze(1)
+    return combine(hood, coef[:, 0], coef[:, 1:])

@@ -35,13 +35,20 @@ def odd_even_merge_network(n: int) -> tuple[tuple[int, int], ...]:
 
 
 def sort_rows(values: Tensor) -> list[Tensor]:
-    """Sort ``values [B, n, d]`` ascending along n; returns the n sorted rows as [B, d] tensors.
+    """Sort ``values [B, n, d]`` ascending along n, in place; returns the n sorted [B, d] rows.
 
-    Each comparator is one ``torch.minimum`` and one ``torch.maximum`` over
-    whole rows; equal values are interchangeable, so the result does not
-    depend on the order of the inputs.
+    Each comparator is one ``torch.minimum`` into a scratch row and one
+    ``torch.maximum`` in place, so the whole sort allocates a single row.
+    Equal values are interchangeable, so the result does not depend on the
+    order of the inputs. ``values`` is overwritten (pass a tensor you own).
     """
     rows = list(values.unbind(1))
+    if len(rows) < 2:
+        return rows
+    scratch = torch.empty_like(rows[0])
     for i, j in odd_even_merge_network(len(rows)):
-        rows[i], rows[j] = torch.minimum(rows[i], rows[j]), torch.maximum(rows[i], rows[j])
+        low, high = rows[i], rows[j]
+        torch.minimum(low, high, out=scratch)
+        torch.maximum(low, high, out=high)
+        rows[i], scratch = scratch, low
     return rows

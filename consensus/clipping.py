@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from consensus._inputs import Neighbourhood, fill_rows_
+from consensus._inputs import Neighbourhood, combine, squared_distances_to
 from consensus.base import Rule, check_float, check_int
 from consensus.order_statistics import CoordinateWiseMedian
 
@@ -37,18 +37,14 @@ class GeometricMedian(Rule):
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
         estimate = CoordinateWiseMedian()._aggregate(hood)
+        tiny = torch.finfo(estimate.dtype).tiny
         for _ in range(self.T):
-            diffs = hood.neighbours - estimate[:, None, :]
-            fill_rows_(diffs, ~hood.mask, 0.0)
-            distance = torch.linalg.vector_norm(diffs, dim=-1).clamp_min(self.nu)
+            distance = squared_distances_to(hood, estimate).sqrt_().clamp_min_(self.nu)
             own_distance = torch.linalg.vector_norm(hood.own - estimate, dim=-1).clamp_min(self.nu)
             beta = hood.weights / distance
             own_beta = hood.self_weight / own_distance
-            total = beta.sum(-1) + own_beta
-            # v + sum_c beta_c (x_c - v) / total, with the own term written out
-            step = torch.bmm(beta[:, None, :], diffs).squeeze(1)
-            step.addcmul_(hood.own - estimate, own_beta[:, None])
-            estimate = estimate + step / total.clamp_min(torch.finfo(total.dtype).tiny)[:, None]
+            total = (beta.sum(-1) + own_beta).clamp_min(tiny)
+            estimate = combine(hood, own_beta / total, beta / total[:, None])
         return estimate
 
 
@@ -85,14 +81,14 @@ class CenteredClipping(Rule):
                 "batch or the dimension changes"
             )
         for _ in range(self.L):
-            diffs = hood.neighbours - centre[:, None, :]
-            fill_rows_(diffs, ~hood.mask, 0.0)
-            scale = clip_scale(torch.linalg.vector_norm(diffs, dim=-1), self.tau)
-            own_diff = hood.own - centre
-            own_scale = clip_scale(torch.linalg.vector_norm(own_diff, dim=-1), self.tau)
-            step = torch.bmm((hood.weights * scale)[:, None, :], diffs).squeeze(1)
-            step.addcmul_(own_diff, (hood.self_weight * own_scale)[:, None])
-            centre = centre + step
+            # v + sum_c a_c (x_c - v) with a_c = w_c min(1, tau / ||x_c - v||)
+            scale = clip_scale(squared_distances_to(hood, centre).sqrt_(), self.tau)
+            own_norm = torch.linalg.vector_norm(hood.own - centre, dim=-1)
+            own_coefficient = hood.self_weight * clip_scale(own_norm, self.tau)
+            coefficients = hood.weights * scale
+            moved = combine(hood, own_coefficient, coefficients)
+            stay = 1.0 - own_coefficient - coefficients.sum(-1)
+            centre = moved.addcmul_(centre, stay[:, None])
         self.centre = centre.detach().clone()
         return centre
 
@@ -125,8 +121,7 @@ class ClippedGossip(Rule):
         self.radius = None
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
-        diffs = hood.centred()
-        norms = torch.linalg.vector_norm(diffs, dim=-1)  # [B, k], 0 where absent
+        norms = squared_distances_to(hood, hood.own).sqrt_()  # [B, k], 0 where absent
         if self.tau == "auto":
             descending = norms.masked_fill(~hood.mask, -1.0).sort(dim=-1, descending=True).values
             padded = torch.nn.functional.pad(descending, (0, 1), value=0.0)
@@ -137,6 +132,6 @@ class ClippedGossip(Rule):
                 (hood.batch, 1), float(self.tau), dtype=norms.dtype, device=norms.device
             )
         self.radius = tau.squeeze(-1).detach().clone()
-        scale = clip_scale(norms, tau)
-        coef = hood.weights * scale
-        return hood.own + torch.bmm(coef[:, None, :], diffs).squeeze(1)
+        coefficients = hood.weights * clip_scale(norms, tau)
+        # x_i + sum_j a_j (x_j - x_i) = (1 - sum_j a_j) x_i + sum_j a_j x_j
+        return combine(hood, 1.0 - coefficients.sum(-1), coefficients)

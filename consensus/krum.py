@@ -105,8 +105,7 @@ class MultiKrum(Krum):
             raise bound_error(self.name, "m <= n", n=n, m=self.m)
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
-        centred = hood.centred()
-        distances = pairwise_squared_distances(hood, centred)
+        distances = pairwise_squared_distances(hood)
         f = hood.budget(self.f)
         scores = krum_scores(distances, hood.set_mask(), f)
         # rank by score, exact ties by total distance to the set (order-independent)
@@ -115,7 +114,7 @@ class MultiKrum(Krum):
         rank = by_total.gather(-1, by_score).argsort(-1)
         m = hood.size - f if self.m is None else torch.clamp(hood.size, max=self.m)
         chosen = rank < m[:, None]
-        return renormalised_average(hood, chosen, centred)
+        return renormalised_average(hood, chosen)
 
 
 class Bulyan(Rule):

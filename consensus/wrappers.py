@@ -112,14 +112,14 @@ class NearestNeighbourMixing(Wrapper):
         self.inner.check_size(n)
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
-        centred = hood.centred()
-        distances = pairwise_squared_distances(hood, centred)
+        distances = pairwise_squared_distances(hood)
         rank = distances.argsort(dim=-1, stable=True).argsort(-1)
         count = hood.size - hood.budget(self.f)
-        nearest = (rank < count.view(-1, 1, 1)).to(centred.dtype) / count.view(-1, 1, 1)
-        # the own vector is the origin of the centred frame, so its column drops out
-        mixed = torch.bmm(nearest[:, :, 1:], centred)  # [B, n, d]
-        inner = hood.replace(
-            own=hood.own + mixed[:, 0], neighbours=hood.own[:, None, :] + mixed[:, 1:]
-        )
+        present = hood.set_mask()
+        nearest = (rank < count.view(-1, 1, 1)) & present[:, :, None] & present[:, None, :]
+        nearest = nearest.to(hood.own.dtype) / count.view(-1, 1, 1)
+        # absent members get and give nothing: a 0 coefficient drops their padded rows
+        mixed = torch.bmm(nearest[:, :, 1:], hood.neighbours)  # [B, n, d]
+        mixed.addcmul_(nearest[:, :, :1], hood.own[:, None, :])
+        inner = hood.replace(own=mixed[:, 0], neighbours=mixed[:, 1:])
         return self.inner._aggregate(inner)
