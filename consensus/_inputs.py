@@ -226,9 +226,10 @@ def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | Non
     )
 
 
-#: Largest temporary (in elements; 16 MiB of float32) a rule allocates while it measures
-#: distances, so no rule ever holds a second copy of all the neighbours' vectors.
-CHUNK_ELEMENTS = 1 << 22
+#: Largest temporary (in elements; 64 MiB of float32) a rule allocates while it measures
+#: distances: one node with k = 16 and d = 10^6 takes a single block (one matrix product),
+#: and a simulator batch of thousands of nodes never doubles its memory.
+CHUNK_ELEMENTS = 1 << 24
 
 
 def column_blocks(rows: int, d: int) -> Iterator[slice]:

@@ -298,3 +298,43 @@ def test_sorting_network_agrees_with_torch_sort(n: int) -> None:
     values = torch.randn(2, n, 500, generator=torch.Generator().manual_seed(n))
     expected = values.sort(dim=1).values
     assert torch.equal(torch.stack(sort_rows(values.clone()), dim=1), expected)
+
+
+@pytest.mark.parametrize("template", RULES + RANDOMISED)
+def test_rules_never_modify_their_inputs(template: str) -> None:
+    own, neighbours, weights, mask, _ = padded_batch(5, 3, 10, 4, 1)
+    neighbours[0, :, 0] = torch.where(mask[0], neighbours[0, :, 0], float("nan"))
+    neighbours[1, 2, 1] = float("inf")  # a non-finite present or padded row
+    before = [t.clone() for t in (own, neighbours, weights, mask)]
+    rule = consensus.build(spec(template, 1))
+    for _ in range(2):
+        rule(own, neighbours, weights, mask)
+    for old, new in zip(before, (own, neighbours, weights, mask)):
+        assert torch.equal(old.nan_to_num(), new.nan_to_num())
+        assert torch.equal(old.isnan(), new.isnan())
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "krum:f={f}",
+        "multi-krum:f={f}",
+        "bulyan:f={f}",
+        "geometric-median",
+        "centered-clipping:tau=0.5,L=3",
+        "clipped-gossip:tau=auto,f={f}",
+        "nnm+krum:f={f}",
+    ],
+)
+def test_column_blocks_give_the_same_result_as_one_block(
+    template: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Distances are accumulated over column blocks; the block size must not matter."""
+    import consensus._inputs as inputs
+
+    own, neighbours, weights, mask, _ = padded_batch(9, 4, 10, 37, 1)
+    whole = consensus.build(spec(template, 1))(own, neighbours, weights, mask)
+    monkeypatch.setattr(inputs, "CHUNK_ELEMENTS", 7 * 4 * 10)  # 7 columns per block
+    assert len(list(inputs.column_blocks(4 * 10, 37))) == 6
+    blocked = consensus.build(spec(template, 1))(own, neighbours, weights, mask)
+    torch.testing.assert_close(blocked, whole, rtol=1e-10, atol=1e-10)
