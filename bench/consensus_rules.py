@@ -1,7 +1,8 @@
 """Milliseconds per call of every consensus rule, with the ratio to the weighted mean.
 
 One node (no batch) with k neighbours of d float32 coordinates on CPU, the
-shape a peer aggregates every round. Each rule runs ``--repeat`` times after
+shape a peer aggregates every round, with uniform mixing weights 1/(k+1) (a
+regular graph); the last rows repeat the order statistics with unequal weights. Each rule runs ``--repeat`` times after
 one warm-up call; the table shows the median. Ratios compare rules measured in
 the same run, so they carry over between machines better than milliseconds.
 
@@ -22,10 +23,15 @@ import torch
 import consensus
 
 
+def budget(k: int) -> int:
+    """Half of Krum's largest f for n = k + 1 (n > 2f + 2), at least 1: 3 for k = 16."""
+    return max((k - 2) // 2, 0) // 2 or 1
+
+
 def specs(k: int) -> list[str]:
     """Every registered rule (wrappers in front of one rule), with budgets that fit n = k + 1."""
     n = k + 1
-    f_krum = max((n - 3) // 2, 0) // 2 or 1
+    f_krum = budget(k)
     f_bulyan = max((n - 3) // 4, 0)
     return [
         "mean",
@@ -81,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [
         (spec, time_rule(spec, own, neighbours, weights, args.repeat)) for spec in specs(args.k)
     ]
+    # unequal weights (an irregular graph) take the torch.sort path of the order statistics
+    unequal = torch.linspace(0.5, 1.5, args.k) / (args.k + 1)
+    for spec in ("median", f"trimmed-mean:b={budget(args.k)}"):
+        ms = time_rule(spec, own, neighbours, unequal, args.repeat)
+        rows.append((f"{spec} (unequal weights)", ms))
     reference = rows[0][1]
     width = max(len(spec) for spec, _ in rows)
     print(f"{'rule':<{width}}  {'ms/call':>9}  {'x mean':>7}")
