@@ -226,10 +226,11 @@ def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | Non
     )
 
 
-#: Largest temporary (in elements; 64 MiB of float32) a rule allocates while it measures
-#: distances: one node with k = 16 and d = 10^6 takes a single block (one matrix product),
-#: and a simulator batch of thousands of nodes never doubles its memory.
-CHUNK_ELEMENTS = 1 << 24
+#: Largest temporary (in elements; 16 MiB of float32) a rule allocates while it measures
+#: distances, so a simulator batch of thousands of nodes never holds a second copy of all
+#: neighbours' vectors (and blocks this size were faster than one big block in
+#: bench/consensus_rules.py: one node with k = 16, d = 10^6 takes 4 blocks).
+CHUNK_ELEMENTS = 1 << 22
 
 
 def column_blocks(rows: int, d: int) -> Iterator[slice]:
