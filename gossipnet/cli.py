@@ -55,6 +55,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "list aggregation rules and attacks with their parameters, or check a spec string",
             lambda: __import__("consensus.cli", fromlist=["main"]).main,
         ),
+        Subcommand(
+            "peer",
+            "run one networked peer: listen, join a swarm, train on a shard, gossip",
+            lambda: __import__("peer.cli", fromlist=["main"]).main,
+        ),
     ]
 }
 

@@ -1,0 +1,157 @@
+"""``gossipnet peer`` as real OS processes: a two-peer swarm, signals, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "cli-test-swarm-secret-0123456789"
+WORKLOAD = ["--dataset", "synthetic:num_samples=400,seed=0", "--num-peers", "2"]
+
+
+def gossipnet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gossipnet", "peer", *args]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "GOSSIPNET_SECRET"}
+    return {**env, "GOSSIPNET_SECRET": SECRET, **extra}
+
+
+def wait_for_file(path: Path, process: subprocess.Popen[str], timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        if process.poll() is not None:
+            raise AssertionError(f"peer exited early: {process.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear")
+
+
+def status_lines(stdout: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_two_peer_processes_train_together(tmp_path: Path) -> None:
+    address_file = tmp_path / "a.address"
+    first = subprocess.Popen(
+        gossipnet("--id", "a", "--address-file", str(address_file), "--peer-index", "0",
+                  "--status-every", "1000000", *WORKLOAD),  # quiet: nobody reads its pipe yet
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=ROOT,
+    )  # fmt: skip
+    try:
+        address = wait_for_file(address_file, first)
+        second = subprocess.run(
+            gossipnet("--id", "b", "--join", address, "--peer-index", "1", "--steps", "12",
+                      "--status-every", "4", *WORKLOAD),
+            capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=100,
+        )  # fmt: skip
+        assert second.returncode == 0, second.stderr
+        first.send_signal(signal.SIGTERM)  # a trains until told to stop
+        out, err = first.communicate(timeout=100)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert status_lines(out)[-1]["bytes_in"] > 0  # b exchanged with a (then left: evicted)
+    assert "listening on 127.0.0.1:" in second.stdout
+    final = status_lines(second.stdout)[-1]
+    assert final["stopped"] is True and final["step"] == 12 and final["neighbours"] == ["a"]
+    assert final["bytes_out"] > 0 and final["bytes_in"] > 0
+    assert "OPEN" not in second.stderr  # the secret came from GOSSIPNET_SECRET
+
+
+def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+    address_file = tmp_path / "a.address"
+    checkpoints = tmp_path / "checkpoints"
+    common = ["--id", "a", "--checkpoint-dir", str(checkpoints), "--peer-index", "0",
+              "--status-every", "5", *WORKLOAD]  # fmt: skip
+    running = subprocess.Popen(
+        gossipnet(*common, "--address-file", str(address_file)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=ROOT,
+    )  # fmt: skip
+    try:
+        wait_for_file(address_file, running)
+        deadline = time.monotonic() + 60
+        while not (line := running.stdout.readline()).startswith("{"):  # type: ignore[union-attr]
+            assert time.monotonic() < deadline and line, "no status line"
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=60)
+    finally:
+        running.kill()
+    assert running.returncode == 0, err
+    stopped = status_lines(out)[-1]
+    assert stopped["stopped"] is True and stopped["step"] >= 5
+    saved = sorted(checkpoints.glob("checkpoint-*.safetensors"))
+    assert saved and saved[-1].name == f"checkpoint-{stopped['step']:012d}.safetensors"
+
+    resumed = subprocess.run(
+        gossipnet(*common, "--resume", "--steps", "5"),
+        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=100,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"at step {stopped['step']}" in resumed.stdout
+    assert status_lines(resumed.stdout)[-1]["step"] == stopped["step"] + 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--id", "a", "--mode", "gossip"], "invalid choice: 'gossip'"),
+        (["--id", "a", "--codec", "topk"], "codec must be one of"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        gossipnet(*args, *WORKLOAD), capture_output=True, text=True, env=environment(), cwd=ROOT,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert message in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--id", "a b"], "peer_id must be"),
+        (
+            ["--id", "a", "--peer-index", "2", "--num-peers", "2"],
+            "--peer-index must be in [0, --num-peers=2)",
+        ),
+        (["--id", "a", "--steps", "-1"], "--steps must be >= 0"),
+        (["--id", "a", "--client-only"], "join must name at least one peer"),
+        (["--id", "a", "--round-deadline-s", "0"], "round_deadline_s must be a finite number > 0"),
+        (["--id", "a", "--secret-file", "/nonexistent/secret"], "No such file"),
+        (["--id", "a", "--dataset", "nosuch"], "nosuch"),
+    ],
+)
+def test_more_bad_arguments_in_process(
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from peer.cli import main
+
+    monkeypatch.delenv("GOSSIPNET_SECRET", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main([*WORKLOAD, *args], "gossipnet peer")
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_unreachable_bootstrap_exits_1() -> None:
+    result = subprocess.run(
+        gossipnet("--id", "a", "--join", "127.0.0.1:1", "--request-timeout-s", "2", *WORKLOAD),
+        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "could not join via any of: 127.0.0.1:1" in result.stderr.splitlines()[-1]
