@@ -52,3 +52,38 @@ def sort_rows(values: Tensor) -> list[Tensor]:
         torch.maximum(low, high, out=high)
         rows[i], scratch = scratch, low
     return rows
+
+
+def sort_rows_with_weights(values: Tensor, weights: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    """Sort ``values [B, n, d]`` along n by (value, weight), carrying ``weights [B, n]``, in place.
+
+    Returns the n sorted rows and their weights, each a list of [B, d]. Values
+    must be finite or +inf (+inf is clamped to the largest finite value, so
+    absent members still sort last and no inf - inf appears). A comparator
+    decides with signs, s = sign(a - b) or, on a tie, sign(w_a - w_b), and
+    exchanges the weights arithmetically (exactly), in place on three scratch rows; on
+    a tie in both, the two members are interchangeable. So the order of the
+    inputs never matters. ``values`` is overwritten (pass a tensor you own).
+    """
+    values.clamp_(max=torch.finfo(values.dtype).max)
+    rows = list(values.unbind(1))
+    carried = [w[:, None].expand_as(rows[0]).clone() for w in weights.to(values.dtype).unbind(1)]
+    if len(rows) < 2:
+        return rows, carried
+    swap, other, scratch = (torch.empty_like(rows[0]) for _ in range(3))
+    for i, j in odd_even_merge_network(len(rows)):
+        low, high, w_low, w_high = rows[i], rows[j], carried[i], carried[j]
+        torch.sub(low, high, out=swap).sign_()
+        torch.sub(w_low, w_high, out=other).sign_()
+        # swap = max(0, s + (1 - |s|) * sign(w_a - w_b)): 1 where (a, w_a) > (b, w_b)
+        torch.abs(swap, out=scratch).neg_().add_(1.0).mul_(other)
+        swap.add_(scratch).clamp_(min=0.0)
+        # exchange the weights exactly: w - w s + w' s is w' or w to the last bit
+        torch.mul(w_high, swap, out=other)
+        torch.mul(w_low, swap, out=scratch)
+        w_low.sub_(scratch).add_(other)
+        w_high.sub_(other).add_(scratch)
+        torch.minimum(low, high, out=scratch)
+        torch.maximum(low, high, out=high)
+        rows[i], scratch = scratch, low
+    return rows, carried

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from consensus._inputs import Neighbourhood
-from consensus._sorting import sort_rows
+from consensus._sorting import sort_rows, sort_rows_with_weights
 from consensus.base import Rule, bound_error, check_int
 
 #: Set weights equal to the self weight within this relative tolerance count as uniform.
@@ -45,15 +45,13 @@ def pick(rows: list[Tensor], position: Tensor) -> Tensor:
 def sort_with_weights(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
     """Per-coordinate ascending ``values [B, n, d]`` and the matching ``weights [B, n]`` as [B, n, d].
 
-    Equal values are ordered by weight (the set is put in weight order before
-    a stable sort), so which of two tied members gets trimmed does not depend
-    on the order of the neighbours.
+    Sorted by (value, weight) with a sorting network, so which of two tied
+    members gets trimmed does not depend on the order of the neighbours.
+    ``values`` is overwritten; absent members (+inf) come back as the largest
+    finite value, still last.
     """
-    by_weight = weights.sort(dim=-1, stable=True)
-    rows = torch.arange(values.shape[0], device=values.device)[:, None]
-    ordered, order = values[rows, by_weight.indices].sort(dim=1, stable=True)
-    n, d = values.shape[1], values.shape[2]
-    return ordered, by_weight.values[:, :, None].expand(-1, n, d).gather(1, order)
+    rows, carried = sort_rows_with_weights(values, weights)
+    return torch.stack(rows, dim=1), torch.stack(carried, dim=1)
 
 
 def _sorted_set(hood: Neighbourhood) -> tuple[Tensor, Tensor]:

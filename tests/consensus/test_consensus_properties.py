@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import consensus
-from consensus._sorting import sort_rows
+from consensus._sorting import sort_rows, sort_rows_with_weights
 
 # Every deterministic rule, as a spec template in the Byzantine budget f. Sizes drawn
 # below always satisfy the strictest bound (Bulyan: n >= 4f+3).
@@ -338,3 +338,24 @@ def test_column_blocks_give_the_same_result_as_one_block(
     assert len(list(inputs.column_blocks(4 * 10, 37))) == 6
     blocked = consensus.build(spec(template, 1))(own, neighbours, weights, mask)
     torch.testing.assert_close(blocked, whole, rtol=1e-10, atol=1e-10)
+
+
+@given(
+    case=st.fixed_dictionaries(
+        {"seed": st.integers(0, 2**31 - 1), "n": st.integers(1, 20), "absent": st.integers(0, 3)}
+    )
+)
+def test_weighted_sorting_network_sorts_value_weight_pairs(case: dict[str, int]) -> None:
+    """Rows come out in (value, weight) order with their own weights, ties and +inf included."""
+    g = torch.Generator().manual_seed(case["seed"])
+    n = case["n"]
+    values = torch.randint(0, 4, (2, n, 30), generator=g).double()  # many exact ties
+    weights = torch.randint(0, 3, (2, n), generator=g).double() / 10
+    values[:, : min(case["absent"], n)] = float("inf")
+    rows, carried = sort_rows_with_weights(values.clone(), weights)
+    top = torch.finfo(torch.float64).max
+    for b in range(2):
+        for c in range(30):
+            pairs = sorted(zip(values[b, :, c].clamp(max=top).tolist(), weights[b].tolist()))
+            assert [r[b, c].item() for r in rows] == [v for v, _ in pairs]
+            assert [w[b, c].item() for w in carried] == [w for _, w in pairs]
