@@ -60,6 +60,11 @@ class Rule:
 
     name: ClassVar[str] = ""
 
+    @property
+    def stateful(self) -> bool:
+        """Whether a call depends on earlier calls (then call it once on all nodes, not in chunks)."""
+        return False
+
     def __init__(self, n: int | None = None) -> None:
         if n is not None:
             self.check_size(check_int(self.name, "n", n, 1))

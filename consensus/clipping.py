@@ -67,6 +67,10 @@ class CenteredClipping(Rule):
         self.centre: Tensor | None = None
         super().__init__()
 
+    @property
+    def stateful(self) -> bool:
+        return True
+
     def reset(self) -> None:
         self.centre = None
 

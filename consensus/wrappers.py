@@ -24,6 +24,10 @@ class Wrapper(Rule):
         self.inner = inner
         super().__init__(n)
 
+    @property
+    def stateful(self) -> bool:
+        return self.inner.stateful
+
     def reset(self) -> None:
         self.inner.reset()
 
@@ -48,6 +52,10 @@ class Bucketing(Wrapper):
         self.seed = check_int(self.name, "seed", seed, 0)
         self._generator = torch.Generator().manual_seed(self.seed)
         super().__init__(inner, n)
+
+    @property
+    def stateful(self) -> bool:
+        return True  # each call advances the shuffling generator
 
     def reset(self) -> None:
         self._generator.manual_seed(self.seed)

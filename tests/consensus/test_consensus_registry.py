@@ -110,3 +110,10 @@ def test_attacks_build_from_specs() -> None:
 def test_bad_attack_specs_raise(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("+", r"\+")):
         consensus.build_attack(spec)
+
+
+def test_stateful_tells_whether_calls_depend_on_earlier_calls() -> None:
+    stateless = ["mean", "median", "krum:f=1", "clipped-gossip", "nnm+krum:f=1", "geometric-median"]
+    assert not any(consensus.build(spec).stateful for spec in stateless)
+    stateful = ["centered-clipping", "bucketing+median", "nnm+centered-clipping"]
+    assert all(consensus.build(spec).stateful for spec in stateful)
