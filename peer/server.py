@@ -11,10 +11,11 @@ Endpoints (protocol version 1, see docs/protocol.md and peer/openapi.yaml):
 ``GET  /metrics``           text        Prometheus exposition of this peer's registry (open)
 ==========================  ==========  ======================================================
 
-One middleware runs before every handler: it refuses a body larger than the cap
-derived from the model size (413) -- aiohttp's ``client_max_size`` is set to the
-same cap -- and, when the swarm has a secret, refuses unsigned, wrongly signed,
-stale or replayed requests (401) before any handler reads the body. Every
+One wrapper (``protected``) runs before every model or membership handler: it
+refuses a body larger than the cap derived from the model size (413) --
+aiohttp's ``client_max_size`` is set to the same cap -- and, when the swarm has
+a secret, refuses unsigned, wrongly signed, stale or replayed requests (401);
+the handler gets the checked body as an argument. Every
 refusal is a :class:`~peer.errors.ProtocolError` answered as
 ``{"error": code, "detail": message}``, and nothing has touched the model.
 Responses to signed requests are signed in turn (bound to the request's nonce).
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 MSGPACK = "application/msgpack"
 OPEN_PATHS = frozenset({"/v1/status", "/metrics"})
-"""Read-only endpoints that carry no model and answer without a signature."""
+"""Read-only endpoints that carry no model and answer without a signature (not wrapped)."""
 MAX_JSON_BYTES = 1 << 20
 """Cap on a JSON control body (join)."""
 
@@ -71,6 +72,7 @@ class Service(Protocol):
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BodyHandler = Callable[[web.Request, bytes], Awaitable[web.Response]]
 
 
 def error_response(error: ProtocolError) -> web.Response:
@@ -79,14 +81,6 @@ def error_response(error: ProtocolError) -> web.Response:
 
 def msgpack_response(envelope: Envelope) -> web.Response:
     return web.Response(body=pack_envelope(envelope), content_type=MSGPACK)
-
-
-BODY = web.RequestKey("body", bytes)
-"""Where the middleware leaves the capped, authenticated request body for the handler."""
-
-
-def _body_of(request: web.Request) -> bytes:
-    return request[BODY]
 
 
 async def _read_body(request: web.Request, cap: int) -> bytes:
@@ -115,34 +109,31 @@ async def _read_body(request: web.Request, cap: int) -> bytes:
 def build_app(service: Service) -> web.Application:
     """The aiohttp application serving ``service``'s endpoints."""
 
-    @web.middleware
-    async def protocol(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonce = None
-        try:
-            if request.path in OPEN_PATHS:
-                return await handler(request)
-            if service.verifier is not None and "Authorization" not in request.headers:
-                raise Unauthorized("request is not signed: this swarm requires HMAC signatures")
-            length = request.content_length
-            if length is not None and length > service.max_body_bytes:
-                raise BodyTooLarge(f"body has {length} bytes, the cap is {service.max_body_bytes}")
-            body = await _read_body(request, service.max_body_bytes)
-            if service.verifier is not None:
-                nonce = service.verifier.verify(
-                    request.method, request.path_qs, request.headers, body
-                )
-            request[BODY] = body
-            service.metrics.bytes(direction="in").inc(len(body))
-            response = await handler(request)
-        except ProtocolError as error:
-            service.metrics.errors(code=error.code).inc()
-            logger.info("%s %s refused: %s", request.method, request.path, error.detail)
-            response = error_response(error)
-        except web.HTTPException as error:  # unknown path or method: same JSON error shape
-            code = error.reason.lower().replace(" ", "_")
-            detail = f"{request.method} {request.path}: {error.reason}"
-            response = web.json_response({"error": code, "detail": detail}, status=error.status)
-        if isinstance(response, web.Response) and response.body is not None:
+    def protected(handler: BodyHandler) -> Handler:
+        """Run the protocol checks, then ``handler(request, body)``; sign what it answers."""
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            nonce = None
+            response: web.Response
+            try:
+                if service.verifier is not None and "Authorization" not in request.headers:
+                    raise Unauthorized("request is not signed: this swarm requires HMAC signatures")
+                length = request.content_length
+                if length is not None and length > service.max_body_bytes:
+                    raise BodyTooLarge(
+                        f"body has {length} bytes, the cap is {service.max_body_bytes}"
+                    )
+                body = await _read_body(request, service.max_body_bytes)
+                if service.verifier is not None:
+                    nonce = service.verifier.verify(
+                        request.method, request.path_qs, request.headers, body
+                    )
+                service.metrics.bytes(direction="in").inc(len(body))
+                response = await handler(request, body)
+            except ProtocolError as error:
+                service.metrics.errors(code=error.code).inc()
+                logger.info("%s %s refused: %s", request.method, request.path, error.detail)
+                response = error_response(error)
             body_out = response.body
             if isinstance(body_out, bytes | bytearray):
                 service.metrics.bytes(direction="out").inc(len(body_out))
@@ -150,12 +141,24 @@ def build_app(service: Service) -> web.Application:
                     response.headers.update(
                         sign_response(service.secret, response.status, nonce, bytes(body_out))
                     )
-        return response
+            return response
 
-    async def exchange(request: web.Request) -> web.StreamResponse:
+        return checked
+
+    @web.middleware
+    async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Unknown paths and methods answer in the same JSON error shape."""
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            code = error.reason.lower().replace(" ", "_")
+            detail = f"{request.method} {request.path}: {error.reason}"
+            return web.json_response({"error": code, "detail": detail}, status=error.status)
+
+    async def exchange(request: web.Request, body: bytes) -> web.Response:
         try:
             envelope = unpack_envelope(
-                _body_of(request), max_bytes=service.max_body_bytes, codecs=service.codecs
+                body, max_bytes=service.max_body_bytes, codecs=service.codecs
             )
             if envelope.sender == service.peer_id:
                 raise MalformedBody(f"sender {envelope.sender!r} is this peer's own id")
@@ -167,8 +170,7 @@ def build_app(service: Service) -> web.Application:
         service.metrics.exchanges(role="callee", outcome="ok").inc()
         return msgpack_response(reply)
 
-    async def join(request: web.Request) -> web.StreamResponse:
-        body = _body_of(request)
+    async def join(request: web.Request, body: bytes) -> web.Response:
         if len(body) > MAX_JSON_BYTES:
             raise BodyTooLarge(f"join body has {len(body)} bytes, the cap is {MAX_JSON_BYTES}")
         try:
@@ -180,10 +182,10 @@ def build_app(service: Service) -> web.Application:
         view = service.on_join(obj["id"], obj["address"])
         return web.json_response({"v": 1, "id": service.peer_id, "peers": view})
 
-    async def peers(request: web.Request) -> web.StreamResponse:
+    async def peers(request: web.Request, body: bytes) -> web.Response:
         return web.json_response({"v": 1, "id": service.peer_id, "peers": service.peers_view()})
 
-    async def state(request: web.Request) -> web.StreamResponse:
+    async def state(request: web.Request, body: bytes) -> web.Response:
         return msgpack_response(await service.state_envelope())
 
     async def status(request: web.Request) -> web.StreamResponse:
@@ -194,13 +196,13 @@ def build_app(service: Service) -> web.Application:
             body=service.render_metrics(), headers={"Content-Type": "text/plain; version=0.0.4"}
         )
 
-    app = web.Application(middlewares=[protocol], client_max_size=service.max_body_bytes)
+    app = web.Application(middlewares=[json_errors], client_max_size=service.max_body_bytes)
     app.add_routes(
         [
-            web.post("/v1/exchange", exchange),
-            web.post("/v1/join", join),
-            web.get("/v1/peers", peers),
-            web.get("/v1/state", state),
+            web.post("/v1/exchange", protected(exchange)),
+            web.post("/v1/join", protected(join)),
+            web.get("/v1/peers", protected(peers)),
+            web.get("/v1/state", protected(state)),
             web.get("/v1/status", status),
             web.get("/metrics", metrics),
         ]

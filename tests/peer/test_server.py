@@ -192,7 +192,11 @@ async def test_open_endpoints_and_signed_reads(peer: Peer) -> None:
         async with session.get(f"http://{peer.address}/v1/peers") as response:
             assert response.status == 401
         async with session.get(f"http://{peer.address}/v1/nowhere") as response:
-            assert response.status == 401  # auth is checked before routing
+            assert response.status == 404
+            assert (await response.json())["error"] == "not_found"
+        async with session.put(f"http://{peer.address}/v1/exchange") as response:
+            assert response.status == 405
+            assert (await response.json())["error"] == "method_not_allowed"
     status_code, data, _headers = await post(peer, b"", path="/v1/state", method="GET")
     assert status_code == 200
     env = wire.unpack_envelope(data, max_bytes=peer.max_body_bytes, codecs={"none"})
