@@ -53,33 +53,47 @@ def byzantine_messages(
     byzantine: Tensor,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """``received [n, k, m]`` with every slot whose sender is Byzantine replaced by what the
-    attack sends to that receiver: it sees the receiver's own message and its honest
-    neighbours' messages (omniscient attacker), one batched attack call for all such slots."""
+    """``received [n, k, m]`` with every slot whose sender is Byzantine replaced by the attack.
+
+    An attack that needs nothing but the sender's own message (``sign-flip``, ``gaussian``,
+    ``scaling``...) is called once on all Byzantine slots ``[s, m]``. An omniscient one
+    (``needs_honest``: ``alie``, ``ipm``, ``dissensus``, ``mimic``) is called once per
+    receiver that has Byzantine neighbours: it sees the receiver's own message and its honest
+    neighbours' messages, and the colluding Byzantine neighbours of that receiver all send
+    the one vector it returns (``byzantine_weight`` is their total weight).
+    """
     slots = mask & byzantine[index]
     receivers, positions = slots.nonzero(as_tuple=True)
     if receivers.numel() == 0:
         return received
+    out = received.clone()
+    if not getattr(attack, "needs_honest", True):
+        malicious = attack(sent[index[receivers, positions]], generator=generator)
+        out[receivers, positions] = malicious.to(out.dtype)
+        return out
+    rows = slots.any(dim=1).nonzero().squeeze(1)
+    first = slots[rows].to(torch.int8).argmax(dim=1)
     honest_mask = mask & ~byzantine[index]
-    target = sent[receivers]
-    honest = torch.cat([target.unsqueeze(1), received[receivers]], dim=1)
-    visible = torch.cat(
-        [torch.ones(receivers.numel(), 1, dtype=torch.bool), honest_mask[receivers]], dim=1
+    target = sent[rows]
+    honest = torch.cat([target.unsqueeze(1), received[rows]], dim=1)
+    visible = torch.cat([torch.ones(rows.numel(), 1, dtype=torch.bool), honest_mask[rows]], dim=1)
+    present = torch.where(mask, weights, 0.0)
+    self_weight = 1.0 - present.sum(-1)
+    honest_weights = torch.cat(
+        [self_weight[rows].unsqueeze(1), torch.where(honest_mask, weights, 0.0)[rows]], dim=1
     )
-    row_weights = torch.where(honest_mask, weights, 0.0)[receivers]
-    self_weight = (1.0 - torch.where(mask, weights, 0.0).sum(-1))[receivers]
-    honest_weights = torch.cat([self_weight.unsqueeze(1), row_weights], dim=1)
     malicious = attack(
-        sent[index[receivers, positions]],
+        sent[index[rows, first]],
         honest,
         honest_mask=visible,
         target=target,
         honest_weights=honest_weights,
-        byzantine_weight=weights[receivers, positions],
+        byzantine_weight=torch.where(slots, weights, 0.0)[rows].sum(-1),
         generator=generator,
     )
-    out = received.clone()
-    out[receivers, positions] = malicious.to(out.dtype)
+    per_row = torch.zeros(received.shape[0], dtype=torch.long)
+    per_row[rows] = torch.arange(rows.numel())
+    out[receivers, positions] = malicious.to(out.dtype)[per_row[receivers]]
     return out
 
 

@@ -171,3 +171,24 @@ def test_push_sum_on_the_one_peer_exponential_schedule_learns_and_agrees() -> No
     wire = gossip.algorithm.compressor.wire_bytes(ctx.peers.dim + 1)
     assert records[-1].bytes_busiest == 40 * wire
     assert records[-1].consensus_distance < 0.1
+
+
+def test_omniscient_attack_sends_one_vector_per_receiver_from_its_honest_view() -> None:
+    sent = torch.randn(5, 4)
+    index = torch.tensor([[1, 3, 4], [0, 2, 3], [1, 3, 4], [2, 0, 1], [0, 2, 3]])
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    weights = torch.full((5, 3), 0.25)
+    byzantine = torch.tensor([False, False, False, True, True])
+    attack = consensus.build_attack("alie:f=2,n=5")
+    received = byzantine_messages(attack, sent, sent[index], index, weights, mask, byzantine)
+    # receiver 0 hears Byzantine 3 and 4: both slots carry the same vector, computed from
+    # what receiver 0 sees honestly (its own message and peer 1's)
+    assert torch.equal(received[0, 1], received[0, 2])
+    expected = attack(
+        sent[3].unsqueeze(0),
+        torch.stack([sent[0], sent[1]]).unsqueeze(0),
+        target=sent[0].unsqueeze(0),
+    )[0]
+    torch.testing.assert_close(received[0, 1], expected)
+    torch.testing.assert_close(received[0, 0], sent[1])
+    torch.testing.assert_close(received[1, 1], sent[2])
