@@ -272,7 +272,11 @@ def build_optimizer(
 
 def masked_step(optimizer: torch.optim.Optimizer, params: Tensor, active: Tensor | None) -> None:
     """``optimizer.step()`` for the rows where ``active [n]`` is True; other rows keep their
-    parameters and optimizer state (a crashed or busy peer does not step)."""
+    parameters and optimizer state (a crashed or busy peer does not step).
+
+    Row-shaped state (momentum buffers, Adam's moments) is restored for idle rows; Adam's
+    scalar step count is shared by all rows, so an idle peer's bias correction advances too.
+    """
     if active is None or bool(active.all()):
         optimizer.step()
         return
