@@ -131,7 +131,8 @@ class SynchronousGossip:
                 f"topology: its smallest neighbourhood has n = {smallest} (own + neighbours); "
                 "use a denser topology or a smaller Byzantine budget"
             )
-        self.state = self.algorithm.init(ctx.peers.params.clone())
+        # the peers' stacked parameters are trained in place (no second [n, d] copy)
+        self.state = self.algorithm.init(ctx.peers.params)
         self.parameters = self.algorithm.model(self.state)
         self.optimizer = ctx.optimizer.build(self.parameters)
         self.generator = torch.Generator().manual_seed(ctx.seed + 7)
@@ -249,7 +250,7 @@ class AsynchronousGossip:
             )
         if bool(ctx.byzantine.any()):
             raise ValueError("byzantine: asynchronous gossip runs without Byzantine peers")
-        self.parameters = ctx.peers.params.clone()
+        self.parameters = ctx.peers.params  # trained in place
         self.optimizer = ctx.optimizer.build(self.parameters)
         table = self.schedule.neighbour_table(0)
         self.events = asynchronous_gossip_events(

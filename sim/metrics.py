@@ -53,12 +53,21 @@ class Record:
 COLUMNS = tuple(f.name for f in fields(Record))
 
 
-def consensus_distance(models: Tensor) -> float:
-    """(1/m) Σ_i ‖x_i − x̄‖² of models ``[m, d]`` (0 for a single model)."""
-    if models.shape[0] <= 1:
+def consensus_distance(models: Tensor, *, block_rows: int = 64) -> float:
+    """(1/m) Σ_i ‖x_i − x̄‖² of models ``[m, d]`` (0 for a single model).
+
+    x̄ and the sum are accumulated in float64; rows are visited ``block_rows`` at a time, so
+    no ``[m, d]`` temporary is made.
+    """
+    m = models.shape[0]
+    if m <= 1:
         return 0.0
-    centred = models.double() - models.double().mean(dim=0, keepdim=True)
-    return float(centred.square().sum(dim=1).mean())
+    mean = models.sum(dim=0, dtype=torch.float64) / m
+    total = 0.0
+    for start in range(0, m, block_rows):
+        block = models[start : start + block_rows].double() - mean
+        total += float(block.square().sum())
+    return total / m
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,9 @@ def write_csv(records: Iterable[Record], path: str | Path) -> None:
             writer.writerow(record.as_dict())
 
 
-def plot(runs: Mapping[str, Sequence[Record]], path: str | Path, *, title: str | None = None) -> Path:
+def plot(
+    runs: Mapping[str, Sequence[Record]], path: str | Path, *, title: str | None = None
+) -> Path:
     """Three panels: test accuracy vs simulated time, vs bytes sent, and consensus distance vs
     time, one line per run. matplotlib is imported here and only here."""
     import matplotlib
