@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -16,12 +18,16 @@ def weighted_mean(
 
     Xiao & Boyd, "Fast linear iterations for distributed averaging" (2004);
     Lian et al., "Can decentralized algorithms outperform centralized
-    algorithms?" (NeurIPS 2017, D-PSGD). One batched matrix product
-    ``weights[*, 1, k] @ neighbours[*, k, d]`` plus one fused multiply-add of
-    the own vector; no loop over nodes or parameters.
+    algorithms?" (NeurIPS 2017, D-PSGD). One scaling of the own vector into
+    the result, then one in-place batched matrix product
+    ``out[*, 1, d] += weights[*, 1, k] @ neighbours[*, k, d]``: no loop over
+    nodes or parameters and no temporary of the inputs' size.
 
     A non-finite neighbour row is masked out (its weight folds into the self
-    weight); this costs nothing unless the result comes out non-finite.
+    weight); this costs one sum over the result (no [*, d] bool temporary)
+    unless the result comes out non-finite, and only then runs the exact
+    row-by-row masking of :func:`consensus._inputs.prepare`. A non-finite
+    ``own`` raises ``ValueError`` (the own vector is trusted).
 
     Example::
 
@@ -32,18 +38,40 @@ def weighted_mean(
         tensor([0.5000, 0.5000, 0.5000, 0.5000])
     """
     weights, mask = check_shapes(own, neighbours, weights, mask)
+    d, k, batch = own.shape[-1], neighbours.shape[-2], math.prod(own.shape[:-1])
     w = weights if mask is None else torch.where(mask, weights, 0.0)
-    out = _combine(own, neighbours, w)
-    if bool(torch.isfinite(out).all()):
-        return out
+    out = _combine(own.reshape(batch, d), neighbours.reshape(batch, k, d), w.reshape(batch, k))
+    if is_all_finite(out):
+        return out.reshape(own.shape)
     hood = prepare(own, neighbours, weights, mask)
     return _combine(hood.own, hood.neighbours, hood.weights).reshape(own.shape)
 
 
+def is_all_finite(values: Tensor) -> bool:
+    """Whether ``values`` holds no NaN or Inf, from one sum (no bool temporary of its size).
+
+    A NaN or an Inf anywhere makes the sum non-finite. The converse can fail
+    (finite values whose sum overflows), so a ``False`` only means "check
+    exactly". 16-bit floats are summed in float32, whose range their sums
+    cannot overflow for any realistic length.
+    """
+    if values.dtype in (torch.float16, torch.bfloat16):
+        total = values.sum(dtype=torch.float32)
+    else:
+        total = values.sum()
+    return bool(total.isfinite())
+
+
 def _combine(own: Tensor, neighbours: Tensor, w: Tensor) -> Tensor:
+    """[B, d] w_ii own + w @ neighbours for ``own [B, d]``, ``neighbours [B, k, d]``, ``w [B, k]``.
+
+    Two passes over the result and one over the inputs: ``out = w_ii * own``,
+    then ``out += w @ neighbours`` in place (``baddbmm_``, beta = 1).
+    """
     self_weight = 1.0 - w.sum(-1, keepdim=True)
-    out = torch.matmul(w.unsqueeze(-2), neighbours).squeeze(-2)
-    return out.addcmul_(own, self_weight)
+    out = torch.mul(own, self_weight)
+    out.unsqueeze(1).baddbmm_(w.unsqueeze(1), neighbours)
+    return out
 
 
 class WeightedMean(Rule):

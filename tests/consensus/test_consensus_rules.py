@@ -81,6 +81,57 @@ def test_mean_fast_path_still_masks_a_nan_neighbour() -> None:
     )
 
 
+def test_mean_of_finite_vectors_whose_sum_overflows_is_still_exact() -> None:
+    """The cheap check on the result (one sum) overflows; the exact path then keeps every row."""
+    own = torch.full((1000,), 3e38)
+    neighbours = torch.full((2, 1000), 3e38)
+    neighbours[1] = -3e38
+    out = consensus.weighted_mean(own, neighbours, torch.tensor([0.25, 0.25]))
+    assert not torch.isfinite(out.sum())  # the cheap check cannot clear this result
+    torch.testing.assert_close(out, own * 0.5, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_finiteness_check_sees_every_nan_and_inf_and_no_false_alarm_in_16_bit(
+    dtype: torch.dtype,
+) -> None:
+    from consensus.mean import is_all_finite
+
+    values = torch.ones(200_000, dtype=dtype)  # a float16 sum of these would overflow to inf
+    assert is_all_finite(values)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for where in (0, 99_999, 199_999):
+            poisoned = values.clone()
+            poisoned[where] = bad
+            assert not is_all_finite(poisoned)
+
+
+def test_mean_fast_path_is_the_exact_path_and_batched_is_per_node() -> None:
+    """Finite inputs: the result equals the masked reference rule and each node's own call."""
+    g = torch.Generator().manual_seed(3)
+    own = torch.randn(5, 300, generator=g)
+    neighbours = torch.randn(5, 4, 300, generator=g)
+    weights = torch.rand(5, 4, generator=g) / 5
+    mask = torch.rand(5, 4, generator=g) > 0.3
+    out = consensus.weighted_mean(own, neighbours, weights, mask)
+    rule = consensus.WeightedMean()
+    exact = consensus.base.Rule.__call__(rule, own, neighbours, weights, mask)
+    assert torch.equal(out, exact)
+    self_weight = 1 - (weights * mask).sum(-1, keepdim=True)
+    reference = own * self_weight + ((weights * mask)[..., None] * neighbours).sum(-2)
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-6)
+    for b in range(5):
+        single = consensus.weighted_mean(own[b], neighbours[b], weights[b], mask[b])
+        torch.testing.assert_close(single, out[b], rtol=1e-6, atol=1e-6)
+
+
+def test_mean_with_a_nan_in_own_raises_even_when_its_self_weight_is_zero() -> None:
+    own = torch.zeros(3)
+    own[1] = float("nan")
+    with pytest.raises(ValueError, match="own contains NaN or Inf"):
+        consensus.weighted_mean(own, torch.ones(2, 3), torch.tensor([0.5, 0.5]))
+
+
 # --- order statistics ----------------------------------------------------------------------
 
 
