@@ -60,6 +60,21 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "run one networked peer: listen, join a swarm, train on a shard, gossip",
             lambda: __import__("peer.cli", fromlist=["main"]).main,
         ),
+        Subcommand(
+            "launch",
+            "run a local swarm of N peer processes: live table, accuracy vs centralized",
+            lambda: __import__("peer.launch", fromlist=["main"]).main,
+        ),
+        Subcommand(
+            "demo",
+            "a 4-peer swarm on MNIST-1D in about a minute (launch with good defaults)",
+            lambda: __import__("peer.launch", fromlist=["demo_main"]).demo_main,
+        ),
+        Subcommand(
+            "status",
+            "show a running peer's /v1/status (readable, or --json)",
+            lambda: __import__("peer.status", fromlist=["main"]).main,
+        ),
     ]
 }
 

@@ -3,10 +3,19 @@
 Every :class:`~peer.config.PeerConfig` field has one flag (``round_deadline_s``
 -> ``--round-deadline-s``); the workload flags pick the data set, the partition,
 this peer's shard and the model. The peer prints one line when it listens
-(``peer ID listening on HOST:PORT``), a JSON status line every
-``--status-every`` steps and at the end, and stops cleanly (final checkpoint
-with ``--checkpoint-dir``) on SIGTERM or SIGINT. Exit codes: 0 done or
-stopped by a signal, 1 could not join the swarm, 2 bad arguments.
+(``peer ID listening on HOST:PORT``); on a terminal a live line (step, loss,
+neighbours, bytes/s, drawn by rich on stderr), otherwise a JSON status line on
+stdout every ``--status-every`` steps; a final JSON status line always; and it
+stops cleanly (final checkpoint with ``--checkpoint-dir``) on SIGTERM or SIGINT
+(Ctrl-C). ``--eval-out FILE`` writes the final test loss and accuracy as JSON.
+Logs go to stderr (``--log-level``, ``--log-json`` for one JSON object per
+line). Exit codes: 0 done or stopped by a signal, 1 could not join the swarm,
+2 bad arguments.
+
+Neighbours are drawn at random from the membership view, or with
+``--topology NAME --peers FILE --rank R`` from a ``topologies`` graph over the
+listed peers (FILE: one ``HOST:PORT`` per line, rank r = line r; the peer
+listens on its line and mixes with the graph's weights).
 
 Example, two peers on one machine::
 
@@ -20,19 +29,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import re
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from peer.codecs import DENSE_CODECS
-from peer.config import MODES, ORDERS, PeerConfig
+from peer.config import ALGORITHMS, MODES, ORDERS, SIMULATOR_ONLY, PeerConfig
 from peer.node import Peer
-from workloads import build_model, load_dataset, partition, peer_batches
+from peer.topology import read_peer_list, topology_names
+from workloads import Dataset, build_model, load_dataset, partition, peer_batches
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
 
@@ -53,8 +67,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     peer = parser.add_argument_group("peer (PeerConfig)")
     peer.add_argument("--id", dest="peer_id", required=True, help="peer id, [A-Za-z0-9._:-]{1,64}")
-    peer.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    peer.add_argument("--port", type=int, default=0, help="listen port, 0 = ephemeral (default)")
+    peer.add_argument("--host", help="listen address (default 127.0.0.1)")
+    peer.add_argument("--port", type=int, help="listen port, 0 = ephemeral (default)")
     peer.add_argument("--advertise", metavar="HOST:PORT", help="address others should call")
     peer.add_argument("--client-only", action="store_true", help="never listen; needs --join")
     peer.add_argument(
@@ -70,14 +84,45 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         action="store_false",
         help="keep our own initial model instead of copying the bootstrap peer's",
     )
-    peer.add_argument("--mode", choices=MODES, default="async", help="default async")
+    peer.add_argument(
+        "--algorithm",
+        help=f"one of {', '.join(ALGORITHMS)} (default ad-psgd, or from --mode); sets --mode",
+    )
+    peer.add_argument("--mode", choices=MODES, help="async (ad-psgd, default) or sync (dpsgd)")
     peer.add_argument("--order", choices=ORDERS, default="combine-then-adapt")
     peer.add_argument("--local-steps", type=int, default=1, help="optimizer steps per round")
     peer.add_argument("--aggregator", default="mean", help="consensus spec, e.g. trimmed-mean:b=1")
-    peer.add_argument("--codec", default="none", help="one of " + ", ".join(DENSE_CODECS))
+    peer.add_argument(
+        "--compress",
+        "--codec",
+        dest="codec",
+        default="none",
+        help="codec of sent models: " + ", ".join(DENSE_CODECS) + " (e.g. qsgd:bits=8)",
+    )
     peer.add_argument("--fanout", type=int, default=1, help="async: neighbours per round")
     peer.add_argument("--round-deadline-s", type=float, default=5.0, help="sync: round deadline")
     peer.add_argument("--seed", type=int, default=0)
+    peer.add_argument(
+        "--topology",
+        help="neighbours from a graph over --peers: " + ", ".join(topology_names()),
+    )
+    peer.add_argument(
+        "--topology-weights", help="metropolis (default, undirected), max-degree, lazy, uniform"
+    )
+    peer.add_argument(
+        "--peers",
+        dest="peers_file",
+        metavar="FILE",
+        help="with --topology: every peer's HOST:PORT, one a line (rank r = line r)",
+    )
+    peer.add_argument("--rank", type=int, help="with --topology: this peer's line in --peers")
+    peer.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:INDEX (default cpu)")
+    peer.add_argument(
+        "--max-concurrent-exchanges",
+        type=int,
+        default=8,
+        help="exchanges served at once, more get 409 busy (default 8)",
+    )
     peer.add_argument("--request-timeout-s", type=float, default=10.0)
     peer.add_argument("--suspect-after", type=int, default=1)
     peer.add_argument("--evict-after", type=int, default=3)
@@ -106,34 +151,149 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=0, help="optimizer steps, 0 = until a signal")
     run.add_argument("--status-every", type=int, default=50, help="steps between status lines")
     run.add_argument("--address-file", help="write HOST:PORT here once listening (for scripts)")
-    run.add_argument("-v", "--verbose", action="store_true", help="log protocol events")
+    run.add_argument(
+        "--wait-for-peers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="before training, wait (up to 60 s) until K other peers are alive",
+    )
+    run.add_argument(
+        "--eval-out",
+        metavar="FILE",
+        help="at the end, write the test loss and accuracy as JSON to FILE",
+    )
+    run.add_argument(
+        "--progress",
+        choices=("auto", "live", "lines"),
+        default="auto",
+        help="live: one rich line on stderr; lines: JSON lines on stdout; auto: live on a TTY",
+    )
+    run.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default="WARNING",
+        help="logging to stderr (default WARNING)",
+    )
+    run.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    run.add_argument("-v", "--verbose", action="store_true", help="same as --log-level INFO")
     return parser
 
 
 CONFIG_FIELDS = (
-    "peer_id", "host", "port", "advertise", "client_only", "fetch_state", "mode", "order",
-    "local_steps", "aggregator", "codec", "fanout", "round_deadline_s", "seed",
+    "peer_id", "client_only", "fetch_state", "order", "algorithm",
+    "local_steps", "aggregator", "codec", "fanout", "round_deadline_s", "seed", "topology",
+    "topology_weights", "rank", "device", "max_concurrent_exchanges",
     "request_timeout_s", "suspect_after", "evict_after", "secret_file", "clock_window_s",
     "tls_cert", "tls_key", "tls_ca", "max_body_factor", "checkpoint_dir", "checkpoint_every",
     "keep_checkpoints", "resume",
 )  # fmt: skip
+FLAG_NAMES = {"peer_id": "--id", "codec": "--compress", "peer_list": "--peers"}
+"""Config fields whose flag is not ``--`` + the field name with dashes."""
+
+
+def flag_message(error: Exception) -> str:
+    """A ``PeerConfig`` error with each ``PeerConfig.field`` written as its flag."""
+    return re.sub(
+        r"PeerConfig\.(\w+)",
+        lambda m: FLAG_NAMES.get(m[1], "--" + m[1].replace("_", "-")),
+        str(error),
+    )
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message (and exception text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str, as_json: bool) -> None:
+    """Log to stderr at ``level``, as text or one JSON object per line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if as_json
+        else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _network(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """host, port, advertise, join and peer_list: from the flags, or from ``--peers``/``--rank``."""
+    network: dict[str, Any] = {
+        "host": args.host or "127.0.0.1",
+        "port": args.port if args.port is not None else 0,
+        "advertise": args.advertise,
+        "join": tuple(args.join),
+        "peer_list": (),
+    }
+    if args.peers_file is None:
+        if args.topology is not None or args.rank is not None:
+            parser.error("--topology and --rank need --peers FILE (one HOST:PORT a line)")
+        return network
+    if args.topology is None:
+        parser.error("--peers FILE needs --topology (e.g. --topology ring)")
+    if args.rank is None:
+        parser.error("--peers FILE needs --rank R (this peer's line, 0-based)")
+    try:
+        addresses = read_peer_list(args.peers_file)
+    except ValueError as error:
+        parser.error(str(error))
+    if not 0 <= args.rank < len(addresses):
+        parser.error(
+            f"--rank must be in [0, {len(addresses)}) for the {len(addresses)} peers in "
+            f"{args.peers_file}, got {args.rank}"
+        )
+    own = addresses[args.rank]
+    own_host, _, own_port = own.rpartition(":")
+    local = own_host in ("127.0.0.1", "localhost", "[::1]")
+    network.update(
+        host=args.host or ("127.0.0.1" if local else "0.0.0.0"),
+        port=int(own_port) if args.port is None else args.port,
+        advertise=args.advertise or own,
+        join=tuple(args.join) or tuple(a for a in addresses if a != own),
+        peer_list=addresses,
+    )
+    return network
 
 
 def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
     parser = _parser(prog)
     args = parser.parse_args(list(argv))
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging("INFO" if args.verbose else args.log_level, args.log_json)
+    if args.mode is not None and ALGORITHMS.get(args.algorithm, args.mode) != args.mode:
+        parser.error(
+            f"--mode {args.mode} contradicts --algorithm {args.algorithm} "
+            f"(which runs in {ALGORITHMS[args.algorithm]} mode); give one of them"
+        )
+    if args.algorithm is not None and args.algorithm not in ALGORITHMS:
+        extra = f" ({', '.join(SIMULATOR_ONLY)} run only in gossipnet sim)"
+        parser.error(
+            f"--algorithm must be one of {', '.join(ALGORITHMS)}{extra}, got {args.algorithm!r}"
+        )
+    network = _network(args, parser)
     try:
         config = PeerConfig(
-            join=tuple(args.join), **{name: getattr(args, name) for name in CONFIG_FIELDS}
+            mode=args.mode or "async",
+            **network,
+            **{name: getattr(args, name) for name in CONFIG_FIELDS},
         )
     except ValueError as error:
-        parser.error(str(error).removeprefix("PeerConfig."))
-    for name in ("steps", "status_every", "batch_size", "num_peers"):
-        minimum = 0 if name == "steps" else 1
+        parser.error(flag_message(error))
+    for name in ("steps", "status_every", "batch_size", "num_peers", "wait_for_peers"):
+        minimum = 0 if name in ("steps", "wait_for_peers") else 1
         if getattr(args, name) < minimum:
             parser.error(
                 f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}"
@@ -143,17 +303,17 @@ def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
             f"--peer-index must be in [0, --num-peers={args.num_peers}), got {args.peer_index}"
         )
     try:
-        peer = _build_peer(args, config)
+        peer, data = _build_peer(args, config)
     except (ValueError, OSError) as error:
-        parser.error(str(error))
+        parser.error(flag_message(error) if "PeerConfig." in str(error) else str(error))
     try:
-        return asyncio.run(_run(peer, args))
+        return asyncio.run(_run(peer, data, args))
     except ConnectionError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
 
 
-def _build_peer(args: argparse.Namespace, config: PeerConfig) -> Peer:
+def _build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
     torch.set_num_threads(1)
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
@@ -170,15 +330,23 @@ def _build_peer(args: argparse.Namespace, config: PeerConfig) -> Peer:
         seed=args.seed,
         peer=args.peer_index,
     )
-    return Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
+    try:
+        peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
+    except ValueError as error:  # device, topology: checked when the peer is built
+        name = "--device" if "device" in str(error) else "--topology"
+        raise ValueError(f"{name}: {error}") from None
+    return peer, data
 
 
-async def _run(peer: Peer, args: argparse.Namespace) -> int:
+async def _run(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
     await peer.start()
+    rate = _Rate(peer)
+    progress = asyncio.ensure_future(_live_line(peer, rate, stop)) if live else None
     try:
         where = peer.address or "(client-only)"
         print(f"peer {peer.peer_id} listening on {where}", flush=True)
@@ -188,6 +356,8 @@ async def _run(peer: Peer, args: argparse.Namespace) -> int:
             temp = Path(args.address_file + ".tmp")
             temp.write_text(peer.address)
             temp.replace(args.address_file)
+        if args.wait_for_peers:
+            await peer.wait_for_members(args.wait_for_peers)
         target = peer.step + args.steps if args.steps else None
         stopping = asyncio.ensure_future(stop.wait())
         while target is None or peer.step < target:
@@ -201,19 +371,94 @@ async def _run(peer: Peer, args: argparse.Namespace) -> int:
                 await asyncio.gather(training, return_exceptions=True)
                 break
             training.result()
-            print(json.dumps(_status_line(peer)), flush=True)
+            if not live:
+                print(json.dumps(_status_line(peer, rate)), flush=True)
         stopping.cancel()
     finally:
+        if progress is not None:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
         await peer.stop()
-    print(json.dumps({**_status_line(peer), "stopped": True}), flush=True)
+    final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
+    if args.eval_out:
+        result = await asyncio.to_thread(peer.evaluate, data.x_test, data.y_test)
+        report = {
+            "id": peer.peer_id,
+            "step": peer.step,
+            "test_loss": result["loss"],
+            "test_accuracy": result["accuracy"],
+            "test_samples": int(result["samples"]),
+            "batch_size": args.batch_size,
+        }
+        temp = Path(args.eval_out + ".tmp")
+        temp.write_text(json.dumps(report))
+        temp.replace(args.eval_out)
+        final["test_accuracy"] = result["accuracy"]
+    print(json.dumps(final), flush=True)
     return 0
 
 
-def _status_line(peer: Peer) -> dict[str, object]:
+class _Rate:
+    """Bytes per second (in + out) since the previous reading."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.last = (time.monotonic(), self._total())
+        self.value = 0.0
+
+    def _total(self) -> float:
+        return self.peer.metrics.bytes_total("in") + self.peer.metrics.bytes_total("out")
+
+    def read(self) -> float:
+        now, total = time.monotonic(), self._total()
+        then, before = self.last
+        if now - then >= 0.2:
+            self.value = (total - before) / (now - then)
+            self.last = (now, total)
+        return self.value
+
+
+async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
+    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    def line() -> Text:
+        status = _status_line(peer, rate)
+        loss = status["loss"]
+        neighbours = status["neighbours"]
+        assert isinstance(neighbours, list)
+        return Text(
+            f"peer {peer.peer_id}  step {status['step']}  "
+            f"loss {'-' if loss is None else f'{loss:.4f}'}  "
+            f"neighbours {len(neighbours)}  {human_bytes(rate.read())}/s"
+        )
+
+    with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
+        while not stop.is_set():
+            live.update(line(), refresh=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
+
+def human_bytes(value: float) -> str:
+    """``1536`` -> ``"1.5 KB"`` (powers of 1000, as network rates are quoted)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(value) < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"  # pragma: no cover
+
+
+def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     status = peer.status()
-    return {
+    line = {
         key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
     } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
+    if rate is not None:
+        line["bytes_per_s"] = round(rate.read(), 1)
+    return line
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ these fields (``--round-deadline-s`` -> ``round_deadline_s``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
+
+import torch
 
 from peer.codecs import DENSE_CODECS
 from peer.membership import check_address
@@ -17,6 +20,36 @@ from peer.wire import SENDER_ID_PATTERN
 Mode = Literal["async", "sync"]
 MODES: tuple[Mode, ...] = ("async", "sync")
 ORDERS = ("combine-then-adapt", "adapt-then-combine")
+ALGORITHMS: dict[str, Mode] = {"ad-psgd": "async", "dpsgd": "sync", "local-sgd": "sync"}
+"""Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
+SIMULATOR_ONLY = ("push-sum", "choco")
+"""gossip algorithms the simulator runs but a peer does not (yet): per-neighbour state."""
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` (the GPU when there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:I``.
+
+    Raises ``ValueError`` for a malformed spec, for ``cuda`` when
+    ``torch.cuda.is_available()`` is False, and for a GPU index beyond the count.
+    """
+    if not isinstance(spec, str) or _DEVICE.fullmatch(spec) is None:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:INDEX, got {spec!r}")
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {spec!r}: CUDA is not available on this machine (torch "
+            f"{torch.__version__}); use --device cpu or auto"
+        )
+    device = torch.device(spec)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {spec!r}: index must be < {torch.cuda.device_count()} (GPUs on this machine)"
+        )
+    return device
 
 
 def _int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -48,6 +81,9 @@ class PeerConfig:
         fetch_state: when joining, start from a live peer's model (``GET /v1/state``).
 
     Algorithm:
+        algorithm: ``ad-psgd``, ``dpsgd`` or ``local-sgd`` (the simulator's names);
+            sets ``mode`` (ad-psgd: async; dpsgd, local-sgd: sync). ``None``: from ``mode``
+            (async: ad-psgd; sync: dpsgd, or local-sgd when ``local_steps > 1``).
         mode: ``"async"`` (AD-PSGD: average with ``fanout`` random neighbours, one
             pair at a time, Lian et al. ICML 2018) or ``"sync"`` (D-PSGD rounds: mix
             with every neighbour, those missing the deadline masked out, Lian et al.
@@ -59,6 +95,17 @@ class PeerConfig:
         fanout: async mode: neighbours averaged with per round.
         round_deadline_s: sync mode: how long a round waits for neighbours.
         seed: seeds neighbour choice (with the peer id) and data order.
+        topology: neighbours from a ``topologies`` graph or schedule over ``peer_list``
+            (``ring``, ``exponential``, ``random-regular:degree=4``,
+            ``one-peer-exponential``...); ``None`` = random neighbours from the view.
+        topology_weights: mixing weights for the graph (``metropolis``, ``max-degree``,
+            ``lazy``, ``uniform``); ``None`` = Metropolis-Hastings (undirected) or
+            uniform (directed).
+        peer_list: every peer's ``HOST:PORT`` (rank r = entry r), with ``topology``.
+        rank: this peer's entry in ``peer_list``.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:I`` (checked when the peer is built).
+        max_concurrent_exchanges: ``/v1/exchange`` requests served at once; more get
+            ``409 busy`` before their body is read (bounds incoming model buffers).
 
     Robustness and safety:
         request_timeout_s: total timeout of every outgoing call.
@@ -89,6 +136,13 @@ class PeerConfig:
     fanout: int = 1
     round_deadline_s: float = 5.0
     seed: int = 0
+    algorithm: str | None = None
+    topology: str | None = None
+    topology_weights: str | None = None
+    peer_list: tuple[str, ...] = ()
+    rank: int | None = None
+    device: str = "cpu"
+    max_concurrent_exchanges: int = 8
     request_timeout_s: float = 10.0
     suspect_after: int = 1
     evict_after: int = 3
@@ -124,6 +178,32 @@ class PeerConfig:
         if self.order not in ORDERS:
             raise ValueError(f"PeerConfig.order must be one of {list(ORDERS)}, got {self.order!r}")
         _int("local_steps", self.local_steps, 1)
+        if self.algorithm is None:
+            derived = "ad-psgd" if self.mode == "async" else "dpsgd"
+            if self.mode == "sync" and self.local_steps > 1:
+                derived = "local-sgd"
+            object.__setattr__(self, "algorithm", derived)
+        elif self.algorithm in SIMULATOR_ONLY:
+            raise ValueError(
+                f"PeerConfig.algorithm {self.algorithm!r} runs only in the simulator (gossipnet "
+                f"sim); a peer runs one of {list(ALGORITHMS)}"
+            )
+        elif self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"PeerConfig.algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}"
+            )
+        else:
+            object.__setattr__(self, "mode", ALGORITHMS[self.algorithm])
+        if self.algorithm == "local-sgd" and self.local_steps < 2:
+            raise ValueError(
+                f"PeerConfig.local_steps must be >= 2 for local-sgd, got {self.local_steps}"
+            )
+        if not isinstance(self.device, str) or _DEVICE.fullmatch(self.device) is None:
+            raise ValueError(
+                f"PeerConfig.device must be auto, cpu, cuda or cuda:INDEX, got {self.device!r}"
+            )
+        _int("max_concurrent_exchanges", self.max_concurrent_exchanges, 1)
+        self._check_topology()
         if not isinstance(self.codec, str) or self.codec.partition(":")[0] not in DENSE_CODECS:
             raise ValueError(
                 f"PeerConfig.codec must be one of {list(DENSE_CODECS)}, got {self.codec!r}"
@@ -161,3 +241,34 @@ class PeerConfig:
             )
         if self.client_only and self.join == ():
             raise ValueError("PeerConfig.join must name at least one peer when client_only is set")
+
+    def _check_topology(self) -> None:
+        if not isinstance(self.peer_list, tuple):
+            raise ValueError(
+                f"PeerConfig.peer_list must be a tuple of HOST:PORT, got {self.peer_list!r}"
+            )
+        for address in self.peer_list:
+            check_address(address, field="PeerConfig.peer_list entry")
+        if self.topology is None:
+            if self.peer_list or self.rank is not None or self.topology_weights is not None:
+                raise ValueError(
+                    "PeerConfig.topology is required with peer_list, rank or topology_weights"
+                )
+            return
+        if not isinstance(self.topology, str) or not self.topology:
+            raise ValueError(f"PeerConfig.topology must be a topology spec, got {self.topology!r}")
+        if len(self.peer_list) < 2:
+            raise ValueError(
+                "PeerConfig.peer_list must list at least 2 HOST:PORT with a topology, "
+                f"got {len(self.peer_list)}"
+            )
+        if len(set(self.peer_list)) != len(self.peer_list):
+            raise ValueError("PeerConfig.peer_list must not list an address twice")
+        if self.rank is None:
+            raise ValueError("PeerConfig.rank is required with a topology")
+        _int("rank", self.rank, 0, len(self.peer_list) - 1)
+        if self.client_only:
+            raise ValueError(
+                "PeerConfig.client_only cannot be combined with a topology: every rank listens "
+                "at its peer_list address"
+            )

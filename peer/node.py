@@ -64,11 +64,12 @@ from peer.auth import (
 )
 from peer.client import PeerClient, PeerUnavailable, RemoteRefused
 from peer.codecs import DenseCodec, build_codec, receiving_codecs
-from peer.config import PeerConfig
+from peer.config import PeerConfig, resolve_device
 from peer.errors import Busy, InvalidSender, MalformedBody, ProtocolError, UnknownPeer
 from peer.membership import Member, Membership, check_address
 from peer.metrics import PeerMetrics
 from peer.server import build_app
+from peer.topology import TopologyNeighbours
 from peer.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_sender, max_body_bytes
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,11 @@ Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 VIEW_REFRESH_ROUNDS = 10
 """Every this many rounds a peer pulls a random neighbour's membership view."""
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    """A batch element moved to ``device`` (tensors only; anything else as is)."""
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
 def _derived_seed(seed: int, peer_id: str) -> int:
@@ -112,8 +118,9 @@ class Peer:
             raise TypeError(f"config must be a PeerConfig, got {type(config).__name__}")
         self.config = config
         self.peer_id = config.peer_id
-        self.model = model
-        self.flat = FlatParameters(model)
+        self.device = resolve_device(config.device)
+        self.model = model.to(self.device)
+        self.flat = FlatParameters(self.model)
         if isinstance(optimizer, torch.optim.Optimizer):
             self.optimizer = optimizer
         elif callable(optimizer):
@@ -123,6 +130,7 @@ class Peer:
         self.loss_fn = loss_fn
         self.train_data = train_data
         self.spec = ModelSpec.of(self.flat.vector)
+        self.max_concurrent_exchanges = config.max_concurrent_exchanges
         self.max_body_bytes = max_body_bytes(self.spec.num_bytes, factor=config.max_body_factor)
         self.codec = build_codec(config.codec, seed=_derived_seed(config.seed, config.peer_id))
         self.codecs = receiving_codecs()
@@ -133,6 +141,17 @@ class Peer:
             aggregator=self.aggregator,
         )
         self.gossip_state = self.algorithm.init(self.flat.vector)
+        self.topology = (
+            TopologyNeighbours(
+                config.topology,
+                config.peer_list,
+                config.rank if config.rank is not None else -1,
+                weights=config.topology_weights,
+                seed=config.seed,
+            )
+            if config.topology is not None
+            else None
+        )
         self.secret = (
             config.secret if config.secret is not None else load_secret(config.secret_file)
         )
@@ -211,6 +230,12 @@ class Peer:
         if config.join:
             try:
                 await self._join(config.join)
+            except ConnectionError as error:
+                if self.topology is None:
+                    await self.stop()
+                    raise
+                # A known peer list: those not up yet will join us when they start.
+                logger.warning("%s; starting alone, the other ranks will join", error)
             except BaseException:
                 await self.stop()
                 raise
@@ -261,6 +286,31 @@ class Peer:
             self.flat.load_(vector)
         self.round = max(self.round, envelope.round)
 
+    async def wait_for_members(self, count: int, *, timeout_s: float = 60.0) -> bool:
+        """Wait until ``count`` other members are alive (pulling views meanwhile).
+
+        For swarms started together (``gossipnet launch``): nobody trains alone
+        before the others have joined. Returns False (and the peer goes on) if
+        ``timeout_s`` passes first.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count must be an integer >= 0, got {count!r}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(self.membership.members("alive")) < count:
+            if loop.time() >= deadline:
+                logger.warning(
+                    "peer %s: %d of %d members after %.0f s; going on",
+                    self.peer_id,
+                    len(self.membership.members("alive")),
+                    count,
+                    timeout_s,
+                )
+                return False
+            await self.refresh_view()
+            await asyncio.sleep(0.1)
+        return True
+
     async def refresh_view(self) -> None:
         """Pull one random neighbour's membership view and merge it."""
         neighbours = self.membership.neighbours()
@@ -306,6 +356,8 @@ class Peer:
 
     def _gradient(self) -> None:
         inputs, targets = self._next_batch()
+        if self.device.type != "cpu":
+            inputs, targets = _to(inputs, self.device), _to(targets, self.device)
         with self.lock:
             self.flat.zero_grad()
             loss = self.loss_fn(self.model(inputs), targets)
@@ -321,6 +373,34 @@ class Peer:
             every = self.config.checkpoint_every
             if every and self.step % every == 0:
                 self._save_checkpoint_locked()
+
+    def evaluate(
+        self, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 1024
+    ) -> dict[str, float]:
+        """Mean loss and accuracy (argmax) of the current model on ``(inputs, targets)``.
+
+        Runs under the model lock in eval mode, ``batch_size`` samples at a time; call it
+        from a worker thread (``asyncio.to_thread``) while the peer is serving.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        total = int(targets.shape[0])
+        if total == 0:
+            raise ValueError("evaluate needs at least one sample, got 0")
+        loss_sum, correct = 0.0, 0
+        with self.lock, torch.no_grad():
+            training = self.model.training
+            self.model.eval()
+            try:
+                for start in range(0, total, batch_size):
+                    x = _to(inputs[start : start + batch_size], self.device)
+                    y = _to(targets[start : start + batch_size], self.device)
+                    output = self.model(x)
+                    loss_sum += float(self.loss_fn(output, y)) * int(y.shape[0])
+                    correct += int((output.argmax(dim=-1) == y).sum())
+            finally:
+                self.model.train(training)
+        return {"loss": loss_sum / total, "accuracy": correct / total, "samples": total}
 
     async def run(self, steps: int) -> None:
         """Train for at least ``steps`` optimizer steps, gossiping as the round plan says."""
@@ -366,9 +446,8 @@ class Peer:
         """
         with self.lock:
             if self._send_buffer is None:
-                self._send_buffer = self.flat.vector.clone()
-            else:
-                self._send_buffer.copy_(self.flat.vector)
+                self._send_buffer = torch.empty_like(self.flat.vector, device="cpu")
+            self._send_buffer.copy_(self.flat.vector)
             return self._send_buffer
 
     def _envelope(self, vector: torch.Tensor) -> Envelope:
@@ -377,11 +456,19 @@ class Peer:
             round=self.round,
             step=self.step,
             codec=self.codec.name,
-            payload=self.codec.encode(vector),
+            payload=self.codec.encode(vector.cpu()),
         )
 
+    def _neighbours(self) -> list[Member]:
+        """Members to exchange with this round: the view, or the topology's partners in it."""
+        members = self.membership.neighbours()
+        if self.topology is None:
+            return members
+        partners = self.topology.partners(self.round)
+        return [m for m in members if m.address in partners]
+
     async def _gossip_async(self) -> int:
-        neighbours = self.membership.neighbours()
+        neighbours = self._neighbours()
         chosen = self._rng.sample(neighbours, min(self.config.fanout, len(neighbours)))
         done = 0
         for member in chosen:
@@ -425,11 +512,12 @@ class Peer:
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
         """x <- x + (average - sent): adopt the pair's average, keep progress made meanwhile."""
         with self.lock, torch.no_grad():
-            self.flat.vector.add_(averaged).sub_(sent)
+            device = self.device
+            self.flat.vector.add_(averaged.to(device)).sub_(sent.to(device))
 
     def _average_locked(self, other: torch.Tensor) -> torch.Tensor:
         with self.lock, torch.no_grad():
-            averaged = average_pair(self.flat.vector, other, self.aggregator)
+            averaged = average_pair(self.flat.vector, other.to(self.device), self.aggregator)
             self.flat.vector.copy_(averaged)
             return averaged
 
@@ -462,7 +550,7 @@ class Peer:
         # so a dead or lagging one is still detected and suspected.
         eager: list[Member] = []
         lazy: list[Member] = []
-        for member in self.membership.neighbours():
+        for member in self._neighbours():
             if self._served.get(member.id) == t and t in self._inbox.get(member.id, {}):
                 continue  # it called us this round and got our round-t model
             (eager if self.address is None or member.id > self.peer_id else lazy).append(member)
@@ -483,12 +571,12 @@ class Peer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         present = [j for j in expected if t in self._inbox.get(j, {})]
-        if expected:
+        mixed, weights = self._mixing_row(expected, t)
+        if mixed:
             received = torch.stack(
-                [self._inbox[j][t] if j in present else own for j in expected]
+                [self._inbox[j][t].to(self.device) if j in present else own for j in mixed]
             ).to(self.spec.dtype)
-            mask = torch.tensor([j in present for j in expected])
-            weights = torch.full((len(expected),), 1.0 / (len(expected) + 1), dtype=self.spec.dtype)
+            mask = torch.tensor([j in present for j in mixed], device=self.device)
             await asyncio.to_thread(self._combine_locked, own, received, weights, mask)
         for j in expected:
             self._inbox.get(j, {}).pop(t, None)
@@ -496,13 +584,35 @@ class Peer:
 
     def _expected(self) -> list[str]:
         """Whose round-t model we wait for: neighbours we call, and client-only members
-        (no address) heard from within the last three deadlines."""
+        (no address) heard from within the last three deadlines; with a topology, the
+        round's partners among them."""
         recent = time.monotonic() - 3 * self.config.round_deadline_s
-        return [
-            m.id
+        members = [
+            m
             for m in self.membership.members("alive", "suspected")
             if m.address is not None or m.last_seen >= recent
         ]
+        if self.topology is not None:
+            partners = self.topology.partners(self.round)
+            members = [m for m in members if m.address in partners]
+        return [m.id for m in members]
+
+    def _mixing_row(self, expected: list[str], t: int) -> tuple[list[str], torch.Tensor]:
+        """Whom round t mixes and with which off-diagonal weights W_ij.
+
+        Without a topology: every expected member, uniform 1/(k+1). With one: the
+        members row i of W_t receives from, with their W_ij (a partner we only send
+        to is left out); an absent member's weight folds into the self weight.
+        """
+        dtype = self.spec.dtype
+        if self.topology is None:
+            weight = 1.0 / (len(expected) + 1)
+            return expected, torch.full((len(expected),), weight, dtype=dtype, device=self.device)
+        row = self.topology.weights(t)
+        addresses = {m.id: m.address for m in self.membership.members()}
+        mixed = [j for j in expected if addresses.get(j) in row]
+        values = [row[addresses[j]] for j in mixed]  # type: ignore[index]
+        return mixed, torch.tensor(values, dtype=dtype, device=self.device)
 
     async def _sync_call(self, member: Member, envelope: Envelope, failed: set[str]) -> None:
         assert member.address is not None and self._changed is not None
@@ -513,7 +623,13 @@ class Peer:
                     f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
                 )
             vector = self.codecs[reply.codec].decode(reply.payload, self.spec)
-        except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
+        except RemoteRefused as error:
+            busy = error.code == Busy.code  # at its bound of concurrent exchanges: alive
+            self.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
+            if not busy:
+                self._failed(member, error)
+            failed.add(member.id)
+        except (PeerUnavailable, ProtocolError) as error:
             self.metrics.exchanges(role="caller", outcome="failed").inc()
             self._failed(member, error)
             failed.add(member.id)
@@ -592,7 +708,7 @@ class Peer:
             round=self.round,
             step=self.step,
             codec="none",
-            payload=DenseCodec().encode(vector),
+            payload=DenseCodec().encode(vector.cpu()),
         )
 
     def status(self) -> dict[str, Any]:
@@ -611,6 +727,11 @@ class Peer:
             "dtype": str(self.spec.dtype).removeprefix("torch."),
             "codec": self.codec.name,
             "aggregator": self.config.aggregator,
+            "algorithm": self.config.algorithm,
+            "local_steps": self.config.local_steps,
+            "topology": self.config.topology,
+            "rank": self.config.rank,
+            "device": str(self.device),
             "neighbours": [m.to_json() for m in self.membership.members()],
             "bytes_in": self.metrics.bytes_total("in"),
             "bytes_out": self.metrics.bytes_total("out"),

@@ -19,6 +19,11 @@ the handler gets the checked body as an argument. Every
 refusal is a :class:`~peer.errors.ProtocolError` answered as
 ``{"error": code, "detail": message}``, and nothing has touched the model.
 Responses to signed requests are signed in turn (bound to the request's nonce).
+
+At most ``service.max_concurrent_exchanges`` ``/v1/exchange`` requests are
+served at once; one more is answered ``409 busy`` *before its body is read*, so
+a peer never holds more than that many incoming model buffers however many
+callers arrive (the caller counts it as a sign of life, not a failure).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from aiohttp import web
 
 from peer.auth import RequestVerifier, sign_response
 from peer.codecs import Codec
-from peer.errors import BodyTooLarge, MalformedBody, ProtocolError, Unauthorized
+from peer.errors import BodyTooLarge, Busy, MalformedBody, ProtocolError, Unauthorized
 from peer.metrics import PeerMetrics
 from peer.wire import Envelope, ModelSpec, pack_envelope, unpack_envelope
 
@@ -53,6 +58,7 @@ class Service(Protocol):
     peer_id: str
     spec: ModelSpec
     max_body_bytes: int
+    max_concurrent_exchanges: int
     codecs: dict[str, Codec]
     verifier: RequestVerifier | None
     secret: bytes | None
@@ -109,13 +115,29 @@ async def _read_body(request: web.Request, cap: int) -> bytes:
 def build_app(service: Service) -> web.Application:
     """The aiohttp application serving ``service``'s endpoints."""
 
-    def protected(handler: BodyHandler) -> Handler:
-        """Run the protocol checks, then ``handler(request, body)``; sign what it answers."""
+    in_flight = 0  # exchanges being served (one event loop: a plain counter is exact)
+
+    def protected(handler: BodyHandler, *, bounded: bool = False) -> Handler:
+        """Run the protocol checks, then ``handler(request, body)``; sign what it answers.
+
+        ``bounded``: count the request against ``max_concurrent_exchanges`` (409 busy
+        beyond it, before the body is read).
+        """
 
         async def checked(request: web.Request) -> web.StreamResponse:
             nonce = None
             response: web.Response
+            counted = False
+            nonlocal in_flight
             try:
+                if bounded:
+                    if in_flight >= service.max_concurrent_exchanges:
+                        raise Busy(
+                            f"{in_flight} exchanges in progress, the bound is "
+                            f"{service.max_concurrent_exchanges}; retry later"
+                        )
+                    in_flight += 1
+                    counted = True
                 if service.verifier is not None and "Authorization" not in request.headers:
                     raise Unauthorized("request is not signed: this swarm requires HMAC signatures")
                 length = request.content_length
@@ -134,6 +156,9 @@ def build_app(service: Service) -> web.Application:
                 service.metrics.errors(code=error.code).inc()
                 logger.info("%s %s refused: %s", request.method, request.path, error.detail)
                 response = error_response(error)
+            finally:
+                if counted:
+                    in_flight -= 1
             body_out = response.body
             if isinstance(body_out, bytes | bytearray):
                 service.metrics.bytes(direction="out").inc(len(body_out))
@@ -199,7 +224,7 @@ def build_app(service: Service) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=service.max_body_bytes)
     app.add_routes(
         [
-            web.post("/v1/exchange", protected(exchange)),
+            web.post("/v1/exchange", protected(exchange, bounded=True)),
             web.post("/v1/join", protected(join)),
             web.get("/v1/peers", protected(peers)),
             web.get("/v1/state", protected(state)),

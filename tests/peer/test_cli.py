@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "cli-test-swarm-secret-0123456789"
@@ -106,7 +107,8 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--id", "a", "--mode", "gossip"], "invalid choice: 'gossip'"),
-        (["--id", "a", "--codec", "topk"], "codec must be one of"),
+        (["--id", "a", "--codec", "topk"], "--compress must be one of"),
+        (["--id", "a", "--compress", "randk"], "--compress must be one of"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str) -> None:
@@ -121,14 +123,22 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--id", "a b"], "peer_id must be"),
+        (["--id", "a b"], "--id must be"),
+        (["--id", "a", "--algorithm", "choco"], "--algorithm must be one of ad-psgd, dpsgd"),
+        (["--id", "a", "--algorithm", "sgd"], "--algorithm must be one of ad-psgd, dpsgd"),
+        (["--id", "a", "--algorithm", "dpsgd", "--mode", "async"], "--mode async contradicts"),
+        (["--id", "a", "--algorithm", "local-sgd"], "--local-steps must be >= 2 for local-sgd"),
+        (["--id", "a", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:INDEX"),
+        (["--id", "a", "--max-concurrent-exchanges", "0"], "--max-concurrent-exchanges must be"),
+        (["--id", "a", "--topology", "ring"], "--topology and --rank need --peers FILE"),
+        (["--id", "a", "--log-level", "loud"], "--log-level: invalid choice"),
         (
             ["--id", "a", "--peer-index", "2", "--num-peers", "2"],
             "--peer-index must be in [0, --num-peers=2)",
         ),
         (["--id", "a", "--steps", "-1"], "--steps must be >= 0"),
         (["--id", "a", "--client-only"], "join must name at least one peer"),
-        (["--id", "a", "--round-deadline-s", "0"], "round_deadline_s must be a finite number > 0"),
+        (["--id", "a", "--round-deadline-s", "0"], "--round-deadline-s must be a finite number > 0"),
         (["--id", "a", "--secret-file", "/nonexistent/secret"], "No such file"),
         (["--id", "a", "--dataset", "nosuch"], "nosuch"),
     ],
@@ -155,3 +165,58 @@ def test_unreachable_bootstrap_exits_1() -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "could not join via any of: 127.0.0.1:1" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from peer.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*WORKLOAD, "--id", "a", "--device", "cuda"], "gossipnet peer")
+    assert info.value.code == 2
+    assert "--device: device 'cuda': CUDA is not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("lines", "extra", "message"),
+    [
+        (["127.0.0.1:7001", "127.0.0.1:7002"], ["--rank", "2"], "--rank must be in [0, 2)"),
+        (["127.0.0.1:7001", "nonsense"], ["--rank", "0"], "line 3 must be HOST:PORT"),
+        (["127.0.0.1:7001", "127.0.0.1:7001"], ["--rank", "0"], "line 3: 127.0.0.1:7001 is listed twice"),
+        (["127.0.0.1:7001"], ["--rank", "0"], "must list at least 2 HOST:PORT lines, got 1"),
+        (["127.0.0.1:7001", "127.0.0.1:7002"], [], "--peers FILE needs --rank"),
+        (["127.0.0.1:7001", "127.0.0.1:7002"], ["--rank", "0", "--topology", "nosuch"], "--topology"),
+        (
+            ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"],
+            ["--rank", "0", "--topology", "random-regular:degree=5"],
+            "degree",
+        ),
+    ],
+)
+def test_bad_peer_files_and_ranks_exit_2(
+    lines: list[str], extra: list[str], message: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from peer.cli import main
+
+    peers = tmp_path / "peers.txt"
+    peers.write_text("# the swarm\n" + "\n".join(lines) + "\n")
+    args = ["--id", "a", "--peers", str(peers), *extra]
+    if "--topology" not in extra:
+        args += ["--topology", "ring"]
+    with pytest.raises(SystemExit) as info:
+        main([*WORKLOAD, *args], "gossipnet peer")
+    assert info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert message in last, last
+
+
+def test_missing_peer_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from peer.cli import main
+
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(SystemExit) as info:
+        main([*WORKLOAD, "--id", "a", "--topology", "ring", "--peers", str(missing), "--rank", "0"],
+             "gossipnet peer")  # fmt: skip
+    assert info.value.code == 2
+    assert f"--peers: cannot read {missing}" in capsys.readouterr().err

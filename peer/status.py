@@ -1,0 +1,117 @@
+"""``gossipnet status URL``: a running peer's ``GET /v1/status``, readable or as JSON.
+
+``URL`` is ``http[s]://HOST:PORT`` or plain ``HOST:PORT`` (http). The endpoint
+is open (no secret needed). Exit codes: 0 shown, 1 the peer could not be
+reached or did not answer with a status, 2 a malformed URL or bad flags.
+
+    $ gossipnet status 127.0.0.1:7000
+    peer a  (127.0.0.1:7000, async, protocol v1)
+    step 1200  round 1200  loss 0.4312
+    ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from peer.auth import client_ssl_context
+from peer.membership import check_address
+
+
+def parse_url(url: str) -> str:
+    """The status URL for ``url`` (``HOST:PORT`` or ``http[s]://HOST:PORT[/]``); else ValueError."""
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"URL scheme must be http or https, got {parts.scheme!r} in {url!r}")
+    if parts.path not in ("", "/", "/v1/status") or parts.query or parts.fragment:
+        raise ValueError(f"URL must be http[s]://HOST:PORT with no path, got {url!r}")
+    try:
+        check_address(parts.netloc, field="URL")
+    except ValueError as error:
+        raise ValueError(f"{error} (from {url!r})") from None
+    return f"{parts.scheme}://{parts.netloc}/v1/status"
+
+
+async def fetch_status(url: str, *, timeout_s: float, cafile: str | None) -> dict[str, Any]:
+    """GET the status JSON; ``ConnectionError`` with the reason if that fails."""
+    ssl = client_ssl_context(cafile=cafile) if url.startswith("https:") else None
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url, ssl=ssl if ssl is not None else True) as response,
+        ):
+            if response.status != 200:
+                raise ConnectionError(f"{url} answered HTTP {response.status}")
+            status = await response.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+        reason = str(error) or type(error).__name__
+        raise ConnectionError(f"cannot reach {url}: {reason}") from None
+    except ValueError:
+        raise ConnectionError(f"{url} did not answer with JSON") from None
+    if not isinstance(status, dict) or "id" not in status:
+        raise ConnectionError(f"{url} did not answer with a peer status")
+    return status
+
+
+def render(status: dict[str, Any]) -> str:
+    """A readable multi-line summary of a status object."""
+    from peer.cli import human_bytes
+
+    loss = status.get("loss")
+    lines = [
+        f"peer {status['id']}  ({status.get('address') or 'client-only'}, "
+        f"{status.get('algorithm') or status.get('mode')}, protocol v{status.get('v')})",
+        f"step {status.get('step')}  round {status.get('round')}  "
+        f"loss {'-' if loss is None else f'{loss:.4f}'}",
+        f"model {status.get('parameters')} parameters ({status.get('dtype')}), "
+        f"codec {status.get('codec')}, aggregator {status.get('aggregator')}",
+        f"traffic {human_bytes(float(status.get('bytes_in', 0)))} in, "
+        f"{human_bytes(float(status.get('bytes_out', 0)))} out; "
+        f"{'signed' if status.get('authenticated') else 'OPEN swarm (no secret)'}",
+    ]
+    if status.get("topology"):
+        lines.append(f"topology {status['topology']}, rank {status.get('rank')}")
+    members = status.get("neighbours", [])
+    lines.append(f"neighbours ({len(members)}):")
+    for member in members:
+        lines.append(
+            f"  {member.get('id'):<24} {member.get('address') or '(client-only)':<24} "
+            f"{member.get('status')}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str], prog: str = "gossipnet status") -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Show a running peer's status (GET /v1/status)."
+    )
+    parser.add_argument("url", metavar="URL", help="http[s]://HOST:PORT or HOST:PORT")
+    parser.add_argument("--json", action="store_true", help="print the raw status JSON")
+    parser.add_argument("--timeout-s", type=float, default=5.0, help="default 5")
+    parser.add_argument("--tls-ca", help="CA file to verify an https peer")
+    args = parser.parse_args(list(argv))
+    if not args.timeout_s > 0:
+        parser.error(f"--timeout-s must be > 0, got {args.timeout_s}")
+    try:
+        url = parse_url(args.url)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        status = asyncio.run(fetch_status(url, timeout_s=args.timeout_s, cafile=args.tls_ca))
+    except ConnectionError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else render(status))
+    return 0

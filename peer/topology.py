@@ -1,0 +1,179 @@
+"""Neighbours from a ``topologies`` graph over a known peer list (``--topology --peers --rank``).
+
+A swarm that knows its members up front lists them in a peer file, one
+``HOST:PORT`` per line; rank r is line r (0-based). The topology decides, for
+round t, the mixing row of this peer's rank:
+
+    x_r <- W_rr x_r + sum_j W_rj x_j      (row r of W_t, ``topologies.neighbour_table``)
+
+with W from ``topologies.mixing_matrix`` (Metropolis-Hastings by default for an
+undirected graph, Xiao & Boyd 2004; uniform 1/(1 + ceil(log2 n)) for the directed
+exponential graph, Assran et al. 2019) or from a time-varying
+``topologies.Schedule`` (``one-peer-exponential``, Ying et al. 2021;
+``random-matching``; ``random-k-out``). A round trip is bidirectional, so a peer
+exchanges with the union of the nodes it receives from and the nodes that
+receive from it (its *partners*), and mixes only what row r says it receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import topologies
+from peer.membership import check_address
+
+SCHEDULES = ("one-peer-exponential", "random-matching", "random-k-out")
+"""Time-varying topologies (``topologies.Schedule``); every other name is a static graph."""
+
+
+def topology_names() -> list[str]:
+    """Every name ``--topology`` accepts: the static graphs and the schedules."""
+    return [*topologies.TOPOLOGIES, *SCHEDULES]
+
+
+def _value(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_topology(spec: str) -> tuple[str, dict[str, int | float | str]]:
+    """``"random-regular:degree=4,seed=1"`` -> ``("random-regular", {"degree": 4, "seed": 1})``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"topology must be one of {topology_names()}, got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    name = name.strip().lower().replace("_", "-")
+    if name not in topologies.TOPOLOGIES and name not in SCHEDULES:
+        raise ValueError(f"topology must be one of {topology_names()}, got {spec!r}")
+    params: dict[str, int | float | str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"topology parameters must be KEY=VALUE, got {item!r} in {spec!r}")
+        params[key.strip().replace("-", "_")] = _value(value.strip())
+    return name, params
+
+
+def read_peer_list(path: str | Path) -> tuple[str, ...]:
+    """The ``HOST:PORT`` lines of a peer file (blank lines and ``#`` comments skipped).
+
+    Raises ``ValueError`` naming the file and line of a malformed or repeated address.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"--peers: cannot read {path}: {error.strerror or error}") from None
+    addresses: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            check_address(line, field=f"--peers {path} line {number}")
+        except ValueError as error:
+            raise ValueError(f"{error} (each line must be HOST:PORT)") from None
+        if line in addresses:
+            raise ValueError(f"--peers {path} line {number}: {line} is listed twice")
+        addresses.append(line)
+    if len(addresses) < 2:
+        raise ValueError(
+            f"--peers {path} must list at least 2 HOST:PORT lines, got {len(addresses)}"
+        )
+    return tuple(addresses)
+
+
+class TopologyNeighbours:
+    """Row ``rank`` of a topology's mixing matrices over ``addresses``, round by round.
+
+    Args:
+        spec: a topology name with parameters (``ring``, ``exponential``,
+            ``random-regular:degree=4,seed=0``) or a schedule (``one-peer-exponential``,
+            ``random-matching``, ``random-k-out:k=2``).
+        addresses: the swarm's ``HOST:PORT`` list; node i is ``addresses[i]``.
+        rank: this peer's node.
+        weights: a ``topologies.mixing_matrix`` scheme (``metropolis``, ``max-degree``,
+            ``lazy``, ``uniform``); ``None`` = its default for the graph.
+        seed: seeds random graphs and schedules that take no explicit ``seed``.
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        addresses: Sequence[str],
+        rank: int,
+        *,
+        weights: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        n = len(addresses)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+            raise ValueError(f"rank must be an integer in [0, {n}) for {n} peers, got {rank!r}")
+        self.addresses = tuple(addresses)
+        self.rank = rank
+        self.name, params = parse_topology(spec)
+        self.schedule: topologies.Schedule
+        try:
+            if self.name == "one-peer-exponential":
+                _no_params(self.name, params, ())
+                self.schedule = topologies.OnePeerExponential(n)
+            elif self.name == "random-matching":
+                _no_params(self.name, params, ("seed",))
+                self.schedule = topologies.RandomMatching(n, seed=int(params.get("seed", seed)))
+            elif self.name == "random-k-out":
+                _no_params(self.name, params, ("k", "seed"))
+                self.schedule = topologies.RandomKOut(
+                    n, int(params.get("k", 1)), seed=int(params.get("seed", seed))
+                )
+            else:
+                graph = topologies.build(self.name, n, **params)
+                self.schedule = topologies.Static(topologies.mixing_matrix(graph, weights=weights))
+        except TypeError as error:
+            raise ValueError(f"topology {spec!r}: {error}") from None
+        self._round: int | None = None
+        self._weights: dict[str, float] = {}
+        self._partners: frozenset[str] = frozenset()
+
+    @property
+    def static(self) -> bool:
+        return isinstance(self.schedule, topologies.Static)
+
+    def _at(self, t: int) -> None:
+        if self._round == t or (self.static and self._round is not None):
+            return
+        table = self.schedule.neighbour_table(t)
+        row = self.rank
+        incoming = {
+            self.addresses[int(j)]: float(w)
+            for j, w, present in zip(table.index[row], table.weight[row], table.mask[row])
+            if present
+        }
+        outgoing = {
+            self.addresses[i]
+            for i in range(table.n)
+            if (table.index[i][table.mask[i]] == row).any()
+        }
+        self._round, self._weights = t, incoming
+        self._partners = frozenset(incoming) | frozenset(outgoing)
+
+    def weights(self, t: int) -> dict[str, float]:
+        """``{address of j: W_rank,j}`` for every node this rank receives from in round t."""
+        self._at(t)
+        return dict(self._weights)
+
+    def partners(self, t: int) -> frozenset[str]:
+        """Addresses this rank exchanges with in round t (it receives from or sends to them)."""
+        self._at(t)
+        return self._partners
+
+
+def _no_params(name: str, params: Mapping[str, object], allowed: tuple[str, ...]) -> None:
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"topology {name} takes no parameter {key!r}; its parameters: "
+                f"{', '.join(allowed) or 'none'}"
+            )
