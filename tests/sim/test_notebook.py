@@ -14,13 +14,14 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "simulator_tour.i
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # a Jupyter kernel start plus 6 short runs, on a shared CI core
 def test_simulator_tour_notebook_runs(tmp_path: Path) -> None:
     copy = tmp_path / NOTEBOOK.name
     shutil.copy(NOTEBOOK, copy)
     notebook = nbformat.read(copy, as_version=4)
     client = nbclient.NotebookClient(
         notebook,
-        timeout=110,
+        timeout=280,
         kernel_name="python3",
         resources={"metadata": {"path": str(tmp_path)}},
     )
