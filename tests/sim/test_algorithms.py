@@ -82,7 +82,7 @@ def test_asynchronous_server_lets_fast_workers_push_more_often() -> None:
 
 def test_easgd_moves_workers_and_centre_elastically() -> None:
     # with α and one worker step: Σ_i x_i + x̃ changes only by the SGD steps
-    ctx, evaluation = make_context(4)
+    ctx, _ = make_context(4)
     algorithm = EASGD(alpha=0.2, period=1)
     algorithm.setup(ctx)
     with torch.no_grad():
