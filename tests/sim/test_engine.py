@@ -188,3 +188,18 @@ def test_gradients_in_blocks_of_peers_equal_one_call() -> None:
     torch.testing.assert_close(block_grads, grads)
     with pytest.raises(ValueError, match="x, y: leading dimension"):
         peers.gradients(x[:3], y[:3])
+
+
+def test_stateful_rules_are_never_split_into_row_chunks() -> None:
+    import consensus
+    from sim.engine import keeps_state
+
+    assert not keeps_state(consensus.build("mean"))
+    assert not keeps_state(consensus.build("trimmed-mean:b=1"))
+    stateful = consensus.build("centered-clipping:tau=0.5")
+    assert keeps_state(stateful)
+    values = torch.randn(4, 5, dtype=torch.float64)
+    whole = gather_mix(values, _Table, stateful)
+    stateful.reset()
+    chunked = gather_mix(values, _Table, stateful, chunk_rows=1)
+    torch.testing.assert_close(chunked, whole)
