@@ -11,9 +11,11 @@ weights W_ij; the self weight is 1 - sum). Build one by spec string::
     tensor([2., 1.])
 
 ``consensus.weighted_mean`` / ``WeightedMean`` (spec ``mean``) is THE gossip
-averaging that ``gossip``, ``sim`` and ``peer`` call. See ``docs/consensus.md``.
+averaging that ``gossip``, ``sim`` and ``peer`` call; ``consensus.all_finite`` is
+the cheap exact NaN/Inf check they share. See ``docs/consensus.md``.
 """
 
+from consensus._inputs import all_finite
 from consensus.attacks import (
     ATTACKS,
     ALittleIsEnough,
@@ -69,6 +71,7 @@ __all__ = [
     "WeightedMean",
     "Wrapper",
     "alie_z",
+    "all_finite",
     "build",
     "build_attack",
     "describe_aggregators",

@@ -176,6 +176,28 @@ def check_shapes(
     return weights.to(dtype=own.dtype, device=own.device), mask
 
 
+def sum_is_finite(values: Tensor) -> bool:
+    """A cheap pre-check: True proves ``values`` hold no NaN and no Inf.
+
+    One sum over ``values`` (no bool temporary of their size): a NaN or an Inf
+    anywhere makes it non-finite. The converse can fail (finite values whose
+    sum overflows), so ``False`` only means "check exactly". 16-bit floats are
+    summed in float32, whose range their sums cannot realistically overflow.
+    """
+    if values.dtype in (torch.float16, torch.bfloat16):
+        return bool(values.sum(dtype=torch.float32).isfinite())
+    return bool(values.sum().isfinite())
+
+
+def all_finite(values: Tensor) -> bool:
+    """Exactly whether ``values`` hold no NaN and no Inf, usually in one cheap pass.
+
+    :func:`sum_is_finite` first; only when that sum is not finite, the exact
+    elementwise ``torch.isfinite`` (a bool temporary of the input's size).
+    """
+    return sum_is_finite(values) or bool(torch.isfinite(values).all())
+
+
 def row_is_finite(rows: Tensor) -> Tensor:
     """[..., k] whether each row of ``rows [..., k, d]`` is free of NaN and Inf.
 

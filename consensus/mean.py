@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from consensus._inputs import Neighbourhood, check_shapes, prepare
+from consensus._inputs import Neighbourhood, check_shapes, prepare, sum_is_finite
 from consensus.base import Rule
 
 
@@ -41,25 +41,10 @@ def weighted_mean(
     d, k, batch = own.shape[-1], neighbours.shape[-2], math.prod(own.shape[:-1])
     w = weights if mask is None else torch.where(mask, weights, 0.0)
     out = _combine(own.reshape(batch, d), neighbours.reshape(batch, k, d), w.reshape(batch, k))
-    if is_all_finite(out):
+    if sum_is_finite(out):
         return out.reshape(own.shape)
     hood = prepare(own, neighbours, weights, mask)
     return _combine(hood.own, hood.neighbours, hood.weights).reshape(own.shape)
-
-
-def is_all_finite(values: Tensor) -> bool:
-    """Whether ``values`` holds no NaN or Inf, from one sum (no bool temporary of its size).
-
-    A NaN or an Inf anywhere makes the sum non-finite. The converse can fail
-    (finite values whose sum overflows), so a ``False`` only means "check
-    exactly". 16-bit floats are summed in float32, whose range their sums
-    cannot overflow for any realistic length.
-    """
-    if values.dtype in (torch.float16, torch.bfloat16):
-        total = values.sum(dtype=torch.float32)
-    else:
-        total = values.sum()
-    return bool(total.isfinite())
 
 
 def _combine(own: Tensor, neighbours: Tensor, w: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ from gossip.algorithms import (
 )
 from gossip.compression import (
     COMPRESSORS,
+    PAYLOAD_ERROR_KINDS,
     BFloat16,
     Compressed,
     Compressor,
@@ -42,6 +43,8 @@ from gossip.compression import (
     Float16,
     NoCompression,
     Payload,
+    PayloadError,
+    PayloadErrorKind,
     RandomK,
     StochasticQuantization,
     TopK,
@@ -54,6 +57,7 @@ from gossip.flat import FlatParameters, LayoutEntry, ParameterLayout
 __all__ = [
     "COMPRESSORS",
     "ORDERS",
+    "PAYLOAD_ERROR_KINDS",
     "Aggregator",
     "BFloat16",
     "Choco",
@@ -73,6 +77,8 @@ __all__ = [
     "Order",
     "ParameterLayout",
     "Payload",
+    "PayloadError",
+    "PayloadErrorKind",
     "Phase",
     "PushSum",
     "PushSumState",

@@ -10,8 +10,12 @@ vector ``C(x) [d]``. It offers
   ``str -> str | int | bytes``, ready for ``msgpack.packb``; tensors travel as raw
   little-endian bytes with explicit dtypes) and :meth:`Compressor.decode`
   ``(payload, d) -> Tensor [d]``, which validates everything (known codec, exact field set,
-  types, lengths, index ranges, levels, finite values) and raises ``ValueError`` naming the
-  field on hostile input. :func:`decode` dispatches on the payload's ``codec`` field.
+  types, lengths, index ranges, levels, finite values) and raises :class:`PayloadError` (a
+  ``ValueError`` whose ``kind`` says which check failed, see :data:`PAYLOAD_ERROR_KINDS`)
+  naming the field on hostile input. :func:`decode` dispatches on the payload's ``codec``
+  field. Dense fields are viewed in place where the wire dtype is the host's (no copy of the
+  received bytes: the ``none`` codec's result shares memory with the payload, treat it as
+  read-only).
 
 Both paths run the same two halves (``_encode_fields`` to integer/float field tensors,
 ``_decode_fields`` back to values), so for the same generator state row ``i`` of the batched
@@ -43,18 +47,22 @@ is kept by the sender, see :class:`ErrorFeedback`.
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import msgpack
 import numpy as np
 import torch
 from torch import Tensor
 
+from consensus import all_finite
+
 __all__ = [
     "COMPRESSORS",
+    "PAYLOAD_ERROR_KINDS",
     "BFloat16",
     "Compressed",
     "Compressor",
@@ -63,6 +71,8 @@ __all__ = [
     "Float16",
     "NoCompression",
     "Payload",
+    "PayloadError",
+    "PayloadErrorKind",
     "RandomK",
     "StochasticQuantization",
     "TopK",
@@ -81,6 +91,44 @@ _WIRE_DTYPES: dict[str, tuple[np.dtype[Any], torch.dtype]] = {
     "bf16": (np.dtype("<i2"), torch.bfloat16),  # raw bfloat16 bits as little-endian int16
 }
 _TORCH_TO_WIRE = {torch_dtype: name for name, (_, torch_dtype) in _WIRE_DTYPES.items()}
+
+
+PayloadErrorKind = Literal[
+    "codec", "field", "parameter", "dtype", "length", "index", "value", "non_finite"
+]
+PAYLOAD_ERROR_KINDS: tuple[PayloadErrorKind, ...] = get_args(PayloadErrorKind)
+"""Every :attr:`PayloadError.kind`, in the order decode checks them:
+
+``codec``: unknown codec, or not this decoder's; ``field``: not a map, a field missing or
+extra, or of the wrong msgpack type; ``parameter``: a codec parameter carried in the payload
+(qsgd ``bits``/``block``, sparse ``k``) out of range or not this decoder's; ``dtype``: the
+``dtype`` field is not the one the codec sends; ``length``: a byte field's length does not
+match d and the parameters; ``index``: sparse indices outside [0, d) or not strictly
+increasing; ``value``: values outside their range (a negative qsgd scale, a level past 2L);
+``non_finite``: NaN or infinity in a float field."""
+
+
+class PayloadError(ValueError):
+    """A payload refused by :meth:`Compressor.decode`: ``kind`` says which check failed.
+
+    ``kind`` is one of :data:`PAYLOAD_ERROR_KINDS` and ``field`` the payload field at fault
+    (``None`` when the payload as a whole is). A ``ValueError``, so callers that only need
+    "bad input" catch that; a receiver maps ``kind`` to its own typed errors (the peer to
+    HTTP statuses) without parsing messages::
+
+        >>> try:
+        ...     decode({"codec": "fp16", "dtype": "<f2", "data": b"\\x00"}, 4)
+        ... except PayloadError as error:
+        ...     print(error.kind, error.field)
+        length data
+    """
+
+    def __init__(self, kind: PayloadErrorKind, message: str, *, field: str | None = None) -> None:
+        if kind not in PAYLOAD_ERROR_KINDS:
+            raise ValueError(f"kind must be one of {PAYLOAD_ERROR_KINDS}, got {kind!r}")
+        super().__init__(message)
+        self.kind: PayloadErrorKind = kind
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -102,36 +150,62 @@ def _to_bytes(t: Tensor, wire_dtype: str) -> bytes:
     return t.numpy().astype(np_dtype, copy=False).tobytes()
 
 
+def _view_bytes(data: bytes, dtype: np.dtype[Any]) -> Tensor:
+    """``data`` as a 1-D tensor of ``dtype`` values, sharing its memory when ``dtype`` is native.
+
+    ``dtype`` carries an explicit byte order (the wire's little-endian): on a little-endian
+    host it is native and the tensor views the bytes (read-only, never write into it); on a
+    big-endian host the values are byte-swapped once into a new native array.
+    """
+    array = np.frombuffer(data, dtype=dtype)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    with warnings.catch_warnings():
+        # received bytes are immutable; decoded views are read-only by contract
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
 def _from_bytes(data: bytes, wire_dtype: str, count: int, field: str) -> Tensor:
     np_dtype, torch_dtype = _WIRE_DTYPES[wire_dtype]
     expected = count * np_dtype.itemsize
     if len(data) != expected:
-        raise ValueError(
+        raise PayloadError(
+            "length",
             f"payload field {field!r} must hold {count} values of {wire_dtype} = {expected} "
-            f"bytes, got {len(data)} bytes"
+            f"bytes, got {len(data)} bytes",
+            field=field,
         )
-    array = np.frombuffer(data, dtype=np_dtype).astype(np_dtype.newbyteorder("="))
-    t = torch.from_numpy(array)
+    t = _view_bytes(data, np_dtype)
     return t.view(torch.bfloat16) if torch_dtype == torch.bfloat16 else t
 
 
 def _field(payload: Mapping[str, Any], name: str, kind: type) -> Any:
     if name not in payload:
-        raise ValueError(f"payload field {name!r} is missing")
+        raise PayloadError("field", f"payload field {name!r} is missing", field=name)
     value = payload[name]
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"payload field {name!r} must be an int, got {type(value).__name__}")
+            raise PayloadError(
+                "field",
+                f"payload field {name!r} must be an int, got {type(value).__name__}",
+                field=name,
+            )
     elif not isinstance(value, kind):
-        raise ValueError(
-            f"payload field {name!r} must be {kind.__name__}, got {type(value).__name__}"
+        raise PayloadError(
+            "field",
+            f"payload field {name!r} must be {kind.__name__}, got {type(value).__name__}",
+            field=name,
         )
     return value
 
 
 def _require_finite(t: Tensor, field: str) -> None:
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"payload field {field!r} contains NaN or infinite values")
+    """One sum over ``t`` (exact elementwise check only if that sum is not finite)."""
+    if not all_finite(t):
+        raise PayloadError(
+            "non_finite", f"payload field {field!r} contains NaN or infinite values", field=field
+        )
 
 
 def _check_input(x: Tensor, *, batched: bool) -> None:
@@ -212,20 +286,31 @@ class Compressor(ABC):
         return payload, self._decode_fields(fields, d)
 
     def decode(self, payload: Mapping[str, Any], d: int) -> Tensor:
-        """Validate ``payload`` and decode it to ``[d]``; ``ValueError`` names what is wrong."""
+        """Validate ``payload`` and decode it to ``[d]``.
+
+        Raises :class:`PayloadError` (its ``kind`` says which check failed, its message names
+        the field) for anything wrong with the payload, and a plain ``ValueError`` for a bad
+        ``d`` (the caller's mistake, not the sender's). The ``none`` codec's result views the
+        payload's bytes: read-only, clone it before writing into it.
+        """
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             raise ValueError(f"d must be a positive int, got {d!r}")
         if not isinstance(payload, Mapping):
-            raise ValueError(f"payload must be a map, got {type(payload).__name__}")
+            raise PayloadError("field", f"payload must be a map, got {type(payload).__name__}")
         codec = payload.get("codec")
         if codec != self.codec:
-            raise ValueError(f"payload codec {codec!r} does not match this codec {self.codec!r}")
+            raise PayloadError(
+                "codec",
+                f"payload field 'codec' {codec!r:.40} does not match this codec {self.codec!r}",
+                field="codec",
+            )
         keys = set(payload)
         expected = self._fields | {"codec"}
         if keys != expected:
-            raise ValueError(
+            raise PayloadError(
+                "field",
                 f"payload fields for codec {self.codec!r} must be exactly {sorted(expected)}, "
-                f"got {sorted(map(str, keys))}"
+                f"got {sorted(str(key)[:40] for key in keys)[:16]}",
             )
         return self._decode_fields(self._parse(payload, d), d)
 
@@ -272,8 +357,10 @@ class NoCompression(Compressor):
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
         wire = _field(payload, "dtype", str)
         if wire not in _WIRE_DTYPES:
-            raise ValueError(
-                f"payload field 'dtype' must be one of {list(_WIRE_DTYPES)}, got {wire!r}"
+            raise PayloadError(
+                "dtype",
+                f"payload field 'dtype' must be one of {list(_WIRE_DTYPES)}, got {wire!r:.40}",
+                field="dtype",
             )
         data = _from_bytes(_field(payload, "data", bytes), wire, d, "data")
         _require_finite(data, "data")
@@ -303,9 +390,11 @@ class _Cast(Compressor):
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
         wire = _field(payload, "dtype", str)
         if wire != self.wire_dtype:
-            raise ValueError(
+            raise PayloadError(
+                "dtype",
                 f"payload field 'dtype' must be {self.wire_dtype!r} for codec {self.codec!r}, "
-                f"got {wire!r}"
+                f"got {wire!r:.40}",
+                field="dtype",
             )
         data = _from_bytes(_field(payload, "data", bytes), wire, d, "data")
         _require_finite(data, "data")
@@ -415,24 +504,32 @@ class StochasticQuantization(Compressor):
         bits = _field(payload, "bits", int)
         block = _field(payload, "block", int)
         if bits != self.bits or block != self.block:
-            raise ValueError(
+            raise PayloadError(
+                "parameter",
                 f"payload fields bits={bits}, block={block} do not match this codec's "
-                f"bits={self.bits}, block={self.block}"
+                f"bits={self.bits}, block={self.block}",
+                field="bits" if bits != self.bits else "block",
             )
         scale = _from_bytes(_field(payload, "scale", bytes), "<f4", math.ceil(d / block), "scale")
         _require_finite(scale, "scale")
         if bool((scale < 0).any()):
-            raise ValueError("payload field 'scale' must be >= 0")
+            raise PayloadError("value", "payload field 'scale' must be >= 0", field="scale")
         level_bytes = _field(payload, "level", bytes)
         count = math.ceil(d / (8 // bits))
         if len(level_bytes) != count:
-            raise ValueError(
+            raise PayloadError(
+                "length",
                 f"payload field 'level' must hold {count} bytes for d={d}, bits={bits}, "
-                f"got {len(level_bytes)}"
+                f"got {len(level_bytes)}",
+                field="level",
             )
-        level = torch.frombuffer(bytearray(level_bytes), dtype=torch.uint8)
+        level = _view_bytes(level_bytes, np.dtype(np.uint8))
         if bool((self._unpack(level, d) > 2 * self.levels).any()):
-            raise ValueError(f"payload field 'level' holds a level outside [0, {2 * self.levels}]")
+            raise PayloadError(
+                "value",
+                f"payload field 'level' holds a level outside [0, {2 * self.levels}]",
+                field="level",
+            )
         return {"scale": scale, "level": level}
 
 
@@ -479,23 +576,36 @@ class _Sparse(Compressor):
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
         k = _field(payload, "k", int)
         if not 0 <= k <= d:
-            raise ValueError(f"payload field 'k' must be in [0, d={d}], got {k}")
+            raise PayloadError(
+                "parameter", f"payload field 'k' must be in [0, d={d}], got {k}", field="k"
+            )
         wire = _field(payload, "dtype", str)
         if wire != "<f4":
-            raise ValueError(
-                f"payload field 'dtype' must be '<f4' for codec {self.codec!r}, got {wire!r}"
+            raise PayloadError(
+                "dtype",
+                f"payload field 'dtype' must be '<f4' for codec {self.codec!r}, got {wire!r:.40}",
+                field="dtype",
             )
         raw_index = _field(payload, "index", bytes)
         if len(raw_index) != 4 * k:
-            raise ValueError(
+            raise PayloadError(
+                "length",
                 f"payload field 'index' must hold k={k} values of <i4 = {4 * k} bytes, "
-                f"got {len(raw_index)} bytes"
+                f"got {len(raw_index)} bytes",
+                field="index",
             )
+        # int32 -> int64 for scatter (a conversion, so a copy in any case; it swaps bytes too)
         index = torch.from_numpy(np.frombuffer(raw_index, dtype="<i4").astype(np.int64))
         if k and (int(index.min()) < 0 or int(index.max()) >= d):
-            raise ValueError(f"payload field 'index' holds indices outside [0, {d})")
+            raise PayloadError(
+                "index", f"payload field 'index' holds indices outside [0, {d})", field="index"
+            )
         if k > 1 and not bool((index[1:] > index[:-1]).all()):
-            raise ValueError("payload field 'index' must be strictly increasing (no duplicates)")
+            raise PayloadError(
+                "index",
+                "payload field 'index' must be strictly increasing (no duplicates)",
+                field="index",
+            )
         value = _from_bytes(_field(payload, "value", bytes), "<f4", k, "value")
         _require_finite(value, "value")
         return {"index": index, "value": value}
@@ -709,22 +819,33 @@ def describe_compressors() -> str:
 
 
 def decode(payload: Mapping[str, Any], d: int) -> Tensor:
-    """Decode any payload by its ``codec`` field (parameters travel in the payload)."""
+    """Decode any payload by its ``codec`` field (parameters travel in the payload).
+
+    Raises :class:`PayloadError` on a hostile payload, see :meth:`Compressor.decode`.
+    """
     if not isinstance(payload, Mapping):
-        raise ValueError(f"payload must be a map, got {type(payload).__name__}")
+        raise PayloadError("field", f"payload must be a map, got {type(payload).__name__}")
     codec = payload.get("codec")
     if not isinstance(codec, str) or codec not in _CODECS:
-        raise ValueError(f"payload codec {codec!r} is unknown; expected one of {sorted(_CODECS)}")
+        raise PayloadError(
+            "codec",
+            f"payload field 'codec' {codec!r:.40} is unknown; expected one of {sorted(_CODECS)}",
+            field="codec",
+        )
     decoder: Compressor
     if codec == "qsgd":
         bits = _field(payload, "bits", int)
         block = _field(payload, "block", int)
         if bits not in StochasticQuantization.BITS:
-            raise ValueError(
-                f"payload field 'bits' must be one of {StochasticQuantization.BITS}, got {bits}"
+            raise PayloadError(
+                "parameter",
+                f"payload field 'bits' must be one of {StochasticQuantization.BITS}, got {bits}",
+                field="bits",
             )
         if block < 1:
-            raise ValueError(f"payload field 'block' must be >= 1, got {block}")
+            raise PayloadError(
+                "parameter", f"payload field 'block' must be >= 1, got {block}", field="block"
+            )
         decoder = StochasticQuantization(bits, block)
     else:
         decoder = _CODECS[codec]()

@@ -15,6 +15,9 @@ model; it needs CHOCO-style per-neighbour estimates (a later protocol version).
 Every ``decode`` validates against the local :class:`~peer.wire.ModelSpec`
 (dtype, element count, finiteness) and returns a ``[d]`` tensor in the model's
 dtype; never write into it (it may share memory with the received bytes).
+gossip reports what is wrong with a compressor payload as a
+:class:`gossip.PayloadError` whose ``kind`` :data:`PAYLOAD_ERRORS` maps to one
+typed protocol error (no message matching).
 """
 
 from __future__ import annotations
@@ -69,21 +72,22 @@ class DenseCodec:
         )
 
 
-_VALUE_ERRORS: tuple[tuple[str, type[ProtocolError]], ...] = (
-    ("must be exactly", MalformedBody),
-    ("NaN or infinite", NonFiniteValues),
-    ("bytes", ShapeMismatch),
-    ("dtype", DTypeMismatch),
-)
+PAYLOAD_ERRORS: dict[compression.PayloadErrorKind, type[ProtocolError]] = {
+    "codec": UnknownCodec,
+    "field": MalformedBody,
+    "parameter": MalformedBody,
+    "dtype": DTypeMismatch,
+    "length": ShapeMismatch,
+    "index": MalformedBody,
+    "value": MalformedBody,
+    "non_finite": NonFiniteValues,
+}
+"""The typed protocol error (and so the HTTP status) for each :data:`gossip.PAYLOAD_ERROR_KINDS`."""
 
 
-def _typed(error: ValueError) -> ProtocolError:
-    """gossip's ``ValueError`` on a hostile payload, as the matching typed protocol error."""
-    message = f"payload: {error}"
-    for needle, kind in _VALUE_ERRORS:
-        if needle in str(error):
-            return kind(message)
-    return MalformedBody(message)
+def _typed(error: compression.PayloadError) -> ProtocolError:
+    """gossip's :class:`~gossip.PayloadError` on a hostile payload, as a typed protocol error."""
+    return PAYLOAD_ERRORS[error.kind](f"payload: {error}")
 
 
 class CompressorCodec:
@@ -107,7 +111,7 @@ class CompressorCodec:
             raise UnknownCodec(f"payload.codec must equal the envelope's codec {self.name!r}")
         try:
             decoded = compression.decode(payload, spec.numel)
-        except ValueError as error:
+        except compression.PayloadError as error:
             raise _typed(error) from None
         return decoded.to(spec.dtype)
 

@@ -92,18 +92,21 @@ def test_mean_of_finite_vectors_whose_sum_overflows_is_still_exact() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_finiteness_check_sees_every_nan_and_inf_and_no_false_alarm_in_16_bit(
+def test_finiteness_checks_see_every_nan_and_inf_and_no_false_alarm_in_16_bit(
     dtype: torch.dtype,
 ) -> None:
-    from consensus.mean import is_all_finite
+    from consensus._inputs import sum_is_finite
 
-    values = torch.ones(200_000, dtype=dtype)  # a float16 sum of these would overflow to inf
-    assert is_all_finite(values)
+    values = torch.ones(200_001, dtype=dtype)  # a float16 sum of these would overflow to inf
+    assert sum_is_finite(values) and consensus.all_finite(values)
     for bad in (float("nan"), float("inf"), -float("inf")):
-        for where in (0, 99_999, 199_999):
+        for where in (0, 99_999, 200_000):
             poisoned = values.clone()
             poisoned[where] = bad
-            assert not is_all_finite(poisoned)
+            assert not sum_is_finite(poisoned) and not consensus.all_finite(poisoned)
+    huge = torch.full((1000,), torch.finfo(dtype).max, dtype=dtype)
+    assert consensus.all_finite(huge)  # exact even where the cheap sum overflows
+    assert consensus.all_finite(torch.empty(0, dtype=dtype))
 
 
 def test_mean_fast_path_is_the_exact_path_and_batched_is_per_node() -> None:

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from gossip.compression import (
     COMPRESSORS,
+    PAYLOAD_ERROR_KINDS,
     ErrorFeedback,
     NoCompression,
+    PayloadError,
     StochasticQuantization,
     TopK,
     build_compressor,
@@ -185,51 +187,75 @@ def good(spec: str, d: int = 64) -> dict:
 
 
 HOSTILE = [
-    ("none", lambda p: p | {"data": p["data"][:-1]}, "'data' must hold 64"),
-    ("none", lambda p: p | {"dtype": "<i4"}, "'dtype' must be one of"),
-    ("none", lambda p: p | {"dtype": "<f8"}, "'data' must hold 64 values of <f8"),
-    ("none", lambda p: p | {"data": b"\x00\x00\xc0\x7f" * 64}, "NaN"),
-    ("none", lambda p: p | {"data": "text"}, "'data' must be bytes"),
-    ("fp16", lambda p: p | {"dtype": "<f4"}, "'dtype' must be '<f2'"),
-    ("bf16", lambda p: p | {"data": p["data"] + b"\x00\x00"}, "'data' must hold 64"),
-    ("qsgd", lambda p: p | {"scale": b"\x00\x00\xc0\x7f"}, "NaN"),
-    ("qsgd", lambda p: p | {"scale": b"\x00\x00\x80\xbf"}, "'scale' must be >= 0"),
-    ("qsgd", lambda p: p | {"scale": b""}, "'scale' must hold 1"),
-    ("qsgd", lambda p: p | {"level": p["level"][:10]}, "'level' must hold 64 bytes"),
-    ("qsgd", lambda p: p | {"level": b"\xff" * 64}, "outside [0, 254]"),
-    ("qsgd", lambda p: p | {"bits": 4}, "'level' must hold 32 bytes for d=64, bits=4, got 64"),
-    ("qsgd", lambda p: p | {"bits": True}, "'bits' must be an int"),
-    ("qsgd", lambda p: p | {"bits": 3}, "'bits' must be one of (2, 4, 8)"),
-    ("qsgd", lambda p: p | {"block": 0}, "'block' must be >= 1"),
-    ("qsgd", lambda p: {k: v for k, v in p.items() if k != "block"}, "'block' is missing"),
-    ("qsgd:bits=2", lambda p: p | {"level": b"\xff" * 16}, "outside [0, 2]"),
+    ("none", lambda p: p | {"data": p["data"][:-1]}, "'data' must hold 64", "length"),
+    ("none", lambda p: p | {"dtype": "<i4"}, "'dtype' must be one of", "dtype"),
+    ("none", lambda p: p | {"dtype": "<f8"}, "'data' must hold 64 values of <f8", "length"),
+    ("none", lambda p: p | {"data": b"\x00\x00\xc0\x7f" * 64}, "NaN", "non_finite"),
+    ("none", lambda p: p | {"data": "text"}, "'data' must be bytes", "field"),
+    ("fp16", lambda p: p | {"dtype": "<f4"}, "'dtype' must be '<f2'", "dtype"),
+    ("bf16", lambda p: p | {"data": p["data"] + b"\x00\x00"}, "'data' must hold 64", "length"),
+    ("qsgd", lambda p: p | {"scale": b"\x00\x00\xc0\x7f"}, "NaN", "non_finite"),
+    ("qsgd", lambda p: p | {"scale": b"\x00\x00\x80\xbf"}, "'scale' must be >= 0", "value"),
+    ("qsgd", lambda p: p | {"scale": b""}, "'scale' must hold 1", "length"),
+    ("qsgd", lambda p: p | {"level": p["level"][:10]}, "'level' must hold 64 bytes", "length"),
+    ("qsgd", lambda p: p | {"level": b"\xff" * 64}, "outside [0, 254]", "value"),
+    (
+        "qsgd",
+        lambda p: p | {"bits": 4},
+        "'level' must hold 32 bytes for d=64, bits=4, got 64",
+        "length",
+    ),
+    ("qsgd", lambda p: p | {"bits": True}, "'bits' must be an int", "field"),
+    ("qsgd", lambda p: p | {"bits": 3}, "'bits' must be one of (2, 4, 8)", "parameter"),
+    ("qsgd", lambda p: p | {"block": 0}, "'block' must be >= 1", "parameter"),
+    ("qsgd", lambda p: {k: v for k, v in p.items() if k != "block"}, "'block' is missing", "field"),
+    ("qsgd:bits=2", lambda p: p | {"level": b"\xff" * 16}, "outside [0, 2]", "value"),
     (
         "topk:ratio=0.1",
         lambda p: p | {"index": b"\x40\x00\x00\x00" + p["index"][4:]},
         "outside [0, 64)",
+        "index",
     ),
     (
         "topk:ratio=0.1",
         lambda p: p | {"index": b"\xff\xff\xff\xff" + p["index"][4:]},
         "outside [0, 64)",
+        "index",
     ),
-    ("topk:ratio=0.1", lambda p: p | {"index": p["index"][:4] * 7}, "strictly increasing"),
-    ("topk:ratio=0.1", lambda p: p | {"index": p["index"][:-2]}, "'index' must hold k=7"),
-    ("topk:ratio=0.1", lambda p: p | {"k": 65}, "'k' must be in [0, d=64]"),
-    ("topk:ratio=0.1", lambda p: p | {"k": -1}, "'k' must be in [0, d=64]"),
-    ("topk:ratio=0.1", lambda p: p | {"dtype": "<f2"}, "'dtype' must be '<f4'"),
-    ("randk:ratio=0.1", lambda p: p | {"value": p["value"][:-1]}, "'value' must hold 7"),
-    ("topk:ratio=0.1", lambda p: {k: v for k, v in p.items() if k != "value"}, "must be exactly"),
-    ("fp16", lambda p: p | {"extra": 1}, "must be exactly"),
-    ("fp16", lambda p: p | {"codec": "zstd"}, "unknown"),
+    ("topk:ratio=0.1", lambda p: p | {"index": p["index"][:4] * 7}, "strictly increasing", "index"),
+    ("topk:ratio=0.1", lambda p: p | {"index": p["index"][:-2]}, "'index' must hold k=7", "length"),
+    ("topk:ratio=0.1", lambda p: p | {"k": 65}, "'k' must be in [0, d=64]", "parameter"),
+    ("topk:ratio=0.1", lambda p: p | {"k": -1}, "'k' must be in [0, d=64]", "parameter"),
+    ("topk:ratio=0.1", lambda p: p | {"dtype": "<f2"}, "'dtype' must be '<f4'", "dtype"),
+    ("randk:ratio=0.1", lambda p: p | {"value": p["value"][:-1]}, "'value' must hold 7", "length"),
+    (
+        "topk:ratio=0.1",
+        lambda p: {k: v for k, v in p.items() if k != "value"},
+        "must be exactly",
+        "field",
+    ),
+    ("fp16", lambda p: p | {"extra": 1}, "must be exactly", "field"),
+    ("fp16", lambda p: p | {"codec": "zstd"}, "unknown", "codec"),
 ]
 
 
-@pytest.mark.parametrize(("spec", "corrupt", "message"), HOSTILE)
-def test_hostile_payloads_raise_value_error_naming_the_field(spec, corrupt, message) -> None:
+@pytest.mark.parametrize(("spec", "corrupt", "message", "kind"), HOSTILE)
+def test_hostile_payloads_raise_payload_errors_naming_the_field_and_kind(
+    spec, corrupt, message, kind
+) -> None:
     payload = corrupt(good(spec))
-    with pytest.raises(ValueError, match=_escape(message)):
+    with pytest.raises(PayloadError, match=_escape(message)) as caught:
         decode(payload, 64)
+    assert caught.value.kind == kind
+    assert isinstance(caught.value, ValueError)
+    if caught.value.field is not None:
+        assert f"'{caught.value.field}'" in str(caught.value)
+
+
+def test_every_payload_error_kind_is_reachable_from_the_hostile_table() -> None:
+    assert {row[3] for row in HOSTILE} == set(PAYLOAD_ERROR_KINDS)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        PayloadError("typo", "x")  # type: ignore[arg-type]
 
 
 def _escape(text: str) -> str:
@@ -260,10 +286,11 @@ _FIELD_VALUES = st.one_of(
     d=st.integers(min_value=1, max_value=20),
 )
 def test_random_payloads_decode_or_raise_value_error(codec: str, fields: dict, d: int) -> None:
-    """Whatever arrives, decode either returns d finite values or raises ValueError."""
+    """Whatever arrives, decode either returns d finite values or raises a PayloadError."""
     try:
         out = decode(wire({"codec": codec, **fields}), d)
-    except ValueError:
+    except PayloadError as error:
+        assert error.kind in PAYLOAD_ERROR_KINDS
         return
     assert out.shape == (d,) and bool(torch.isfinite(out).all())
 
@@ -280,7 +307,8 @@ def test_random_bytes_of_the_right_length_decode_or_raise_value_error(spec, d, d
     payload[key] = data.draw(st.binary(min_size=len(payload[key]), max_size=len(payload[key])))
     try:
         out = decode(payload, d)
-    except ValueError:
+    except PayloadError as error:
+        assert error.kind in {"index", "value", "non_finite"}  # lengths are right
         return
     assert out.shape == (d,) and bool(torch.isfinite(out).all())
 
@@ -296,19 +324,55 @@ def test_every_truncation_of_a_real_payload_is_refused(d: int, cut: int) -> None
         payload = good(spec, d)
         for key, value in payload.items():
             if isinstance(value, bytes) and value:
-                with pytest.raises(ValueError, match=f"'{key}' must hold"):
+                with pytest.raises(PayloadError, match=f"'{key}' must hold"):
                     decode(payload | {key: value[: max(0, len(value) - cut)]}, d)
 
 
 def test_decode_refuses_non_maps_codec_mismatch_and_bad_d() -> None:
-    with pytest.raises(ValueError, match="payload must be a map"):
+    with pytest.raises(PayloadError, match="payload must be a map") as caught:
         decode([1, 2], 4)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="does not match this codec 'topk'"):
+    assert (caught.value.kind, caught.value.field) == ("field", None)
+    with pytest.raises(PayloadError, match="does not match this codec 'topk'") as caught:
         build_compressor("topk").decode(good("fp16"), 64)
-    with pytest.raises(ValueError, match="bits=8, block=256 do not match this codec's bits=4"):
+    assert (caught.value.kind, caught.value.field) == ("codec", "codec")
+    with pytest.raises(
+        PayloadError, match="bits=8, block=256 do not match this codec's bits=4"
+    ) as caught:
         build_compressor("qsgd:bits=4").decode(good("qsgd"), 64)
-    with pytest.raises(ValueError, match="d must be a positive int"):
+    assert (caught.value.kind, caught.value.field) == ("parameter", "bits")
+    with pytest.raises(ValueError, match="d must be a positive int") as bad_d:
         build_compressor("fp16").decode(good("fp16"), 0)
+    assert not isinstance(bad_d.value, PayloadError)  # the caller's mistake, not the sender's
+
+
+def test_dense_fields_are_viewed_without_a_copy() -> None:
+    """`none` decodes to a view of the received bytes; 16-bit codecs convert once."""
+    import numpy as np
+
+    x = torch.randn(1000)
+    payload = wire(NoCompression().encode(x))
+    decoded = NoCompression().decode(payload, 1000)
+    assert torch.equal(decoded, x)
+    address = np.frombuffer(payload["data"], dtype=np.uint8).ctypes.data
+    assert decoded.data_ptr() == address  # no copy of the payload's bytes
+    for spec in ("fp16", "bf16"):
+        received = wire(build_compressor(spec).encode(x))
+        assert decode(received, 1000).dtype == torch.float32
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+@pytest.mark.parametrize("dtype", ["f8", "f4", "f2", "i2"])
+def test_bytes_in_either_byte_order_decode_to_native_values(order: str, dtype: str) -> None:
+    """The wire's explicit byte order is honoured whatever the host's (swapped when foreign)."""
+    import numpy as np
+
+    from gossip.compression import _view_bytes
+
+    values = np.arange(-5, 6).astype(dtype)
+    data = values.astype(order + dtype).tobytes()
+    viewed = _view_bytes(data, np.dtype(order + dtype))
+    assert viewed.numpy().dtype.isnative
+    np.testing.assert_array_equal(viewed.numpy(), values)
 
 
 # ----------------------------------------------------------------------------- registry
