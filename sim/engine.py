@@ -349,7 +349,11 @@ def gather_mix(
 
 
 def keeps_state(aggregator: object) -> bool:
-    """Whether a rule keeps batched state between calls (it overrides ``Rule.reset``)."""
+    """Whether a rule keeps batched state between calls: its ``stateful`` flag
+    (``consensus.Rule.stateful``), else whether it overrides ``Rule.reset``."""
+    flag = getattr(aggregator, "stateful", None)
+    if isinstance(flag, bool):
+        return flag
     reset = getattr(type(aggregator), "reset", None)
     return reset is not None and reset is not Rule.reset
 
