@@ -444,9 +444,15 @@ class Choco:
         order, local_steps: CHOCO-SGD is ATC with one local step; ``local_steps=0`` is
             CHOCO-Gossip (average consensus).
 
-    Requires W symmetric doubly-stochastic (average preserved) and reliable delivery: a
-    masked message desynchronizes the public copies. Time-varying W is not covered by the
-    paper's analysis.
+    Requires W symmetric doubly-stochastic (average preserved) and **reliable delivery**.
+    The public copies are sums of increments: a receiver that misses ``q_j`` would keep a
+    copy of x̂_j behind the sender's for good (and folding W_ij into the self weight, as
+    D-PSGD does for a late message, would break ``sum_j W_ij x̂_j`` as well), after which
+    the nodes no longer agree on x̂ and the average drifts. :meth:`combine` therefore
+    refuses a ``mask`` that is False for a neighbour with W_ij > 0 (``ValueError``, state
+    untouched); False on padding (W_ij = 0) is fine. A runner with lossy links must retry
+    until delivered, or re-weight the topology without the lost neighbour before the
+    round. Time-varying W is not covered by the paper's analysis.
     """
 
     name = "choco"
@@ -492,7 +498,13 @@ class Choco:
         mask: Tensor | None = None,
         self_weight: Tensor | None = None,
     ) -> ChocoState:
-        """``x̂ += q``, ``sum_j W_ij x̂_j += sum_j W_ij q_j``, ``x += gamma (sum_j W_ij x̂_j - x̂)``."""
+        """``x̂ += q``, ``sum_j W_ij x̂_j += sum_j W_ij q_j``, ``x += gamma (sum_j W_ij x̂_j - x̂)``.
+
+        Raises ``ValueError`` (before touching ``state``) when ``mask`` drops the message of
+        a neighbour with W_ij > 0: CHOCO needs reliable delivery, see :class:`Choco`.
+        """
+        if mask is not None:
+            _require_delivered(mask, weights)
         with torch.no_grad():
             sent = sent.to(state.x.dtype)
             state.public.add_(sent)
@@ -502,6 +514,22 @@ class Choco:
 
     def reset(self) -> None:
         self.compressor.reset()
+
+
+def _require_delivered(mask: Tensor, weights: Tensor) -> None:
+    lost = ~torch.as_tensor(mask, dtype=torch.bool) & (torch.as_tensor(weights) > 0)
+    if bool(lost.any()):
+        *node, slot = (int(i) for i in lost.nonzero()[0])
+        where = f"neighbour slot {slot}" + (
+            f" of node {node[0] if len(node) == 1 else node}" if node else ""
+        )
+        raise ValueError(
+            f"choco needs reliable delivery: mask drops a message with weight W_ij > 0 "
+            f"({int(lost.sum())} in all, first at {where}); a lost increment q_j leaves the "
+            "receiver's copy of x̂_j behind the sender's for good. Retry until delivered, or "
+            "re-weight the mixing matrix without that neighbour (mask False only on padding, "
+            "where W_ij = 0)"
+        )
 
 
 # ----------------------------------------------------------------------------- driver

@@ -539,6 +539,61 @@ def test_choco_keeps_the_network_average() -> None:
         assert torch.allclose(state.x.mean(0), start.mean(0), rtol=0, atol=1e-12)
 
 
+def star_metropolis(n: int) -> np.ndarray:
+    """Star, node 0 in the centre, Metropolis-Hastings weights 1/n (leaves are padded to k=n-1)."""
+    w = np.zeros((n, n))
+    w[0, 1:] = w[1:, 0] = 1.0 / n
+    np.fill_diagonal(w, 1.0 - w.sum(1))
+    return w
+
+
+def test_choco_public_copies_stay_in_step_with_padded_tables() -> None:
+    """sum_j W_ij x̂_j (kept incrementally) equals W x̂ recomputed, and the average is kept."""
+    n, d = 6, 40
+    w = star_metropolis(n)
+    table = table_from_dense(w)
+    assert not bool(table.mask.all())  # leaves carry padding (mask False, weight 0)
+    algorithm = Choco(build_compressor("topk:ratio=0.1"), consensus_step=0.3, local_steps=0)
+    start = torch.randn(n, d, dtype=torch.float64)
+    state = algorithm.init(start.clone())
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(30):
+        synchronous_exchange(algorithm, state, table, generator=generator)
+    recomputed = torch.from_numpy(w) @ state.public
+    assert torch.allclose(state.public_mix, recomputed, rtol=0, atol=1e-12)
+    assert torch.allclose(state.x.mean(0), start.mean(0), rtol=0, atol=1e-12)
+
+
+def test_choco_refuses_a_lost_message_and_leaves_its_state_untouched() -> None:
+    """A masked real neighbour would leave the receiver's copy of x̂_j behind for good."""
+    n, d = 6, 10
+    table = table_from_dense(star_metropolis(n))
+    algorithm = Choco(build_compressor("qsgd:bits=4"), consensus_step=0.5, local_steps=0)
+    state = algorithm.init(torch.randn(n, d, dtype=torch.float64))
+    synchronous_exchange(algorithm, state, table, generator=torch.Generator().manual_seed(0))
+    before = [t.clone() for t in (state.x, state.public, state.public_mix)]
+    delivered = torch.ones(table.mask.shape, dtype=torch.bool)
+    delivered[3, 0] = False  # leaf 3 misses the centre's message
+    delivered[2, 2] = False  # padding of leaf 2: harmless
+    with pytest.raises(
+        ValueError, match=r"choco needs reliable delivery.*neighbour slot 0 of node 3"
+    ):
+        synchronous_exchange(algorithm, state, table, delivered=delivered)
+    for old, new in zip(before, (state.x, state.public, state.public_mix)):
+        assert torch.equal(old, new)
+    delivered[3, 0] = True  # only padding is masked now: accepted
+    synchronous_exchange(algorithm, state, table, delivered=delivered)
+    peer = algorithm.init(torch.randn(d, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"1 in all, first at neighbour slot 1\)"):
+        algorithm.combine(
+            peer,
+            torch.zeros(d),
+            torch.zeros(2, d),
+            torch.tensor([0.2, 0.3]),
+            torch.tensor([True, False]),
+        )
+
+
 # ----------------------------------------------------------------------------- batched == per node
 
 RULES: dict[str, tuple[Callable[[], object], str]] = {
