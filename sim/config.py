@@ -40,8 +40,9 @@ A complete file (every key optional except where noted)::
     compressor = "none"            # gossip compressor spec
 
     [network]
-    latency = 1e-4                 # seconds per message (alpha)
-    bandwidth = 1.25e9             # bytes per second (10 Gb/s)
+    latency = 1e-4                 # seconds per message (alpha); or one value per peer [..]
+    bandwidth = 1.25e9             # bytes per second (10 Gb/s); or one value per peer [..]
+    links = [{source = 0, target = 1, latency = 1e-2, bandwidth = 1e7}]   # per-link overrides
     server_bandwidth = 1.25e9
     step_time = 0.01               # seconds per local step
     compute_distribution = "constant"
@@ -211,8 +212,9 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    latency: float = 1e-4
-    bandwidth: float = 1.25e9
+    latency: float | tuple[float, ...] = 1e-4
+    bandwidth: float | tuple[float, ...] = 1.25e9
+    links: tuple[Mapping[str, Any], ...] = ()
     server_bandwidth: float | None = None
     step_time: float = 0.01
     compute_distribution: str = "constant"
@@ -222,8 +224,37 @@ class NetworkConfig:
     crashes: tuple[Crash, ...] = ()
 
     def __post_init__(self) -> None:
-        _float("network.latency", self.latency, 0.0)
-        _float("network.bandwidth", self.bandwidth, 0.0, open_low=True)
+        for key, low_open in (("latency", False), ("bandwidth", True)):
+            value = getattr(self, key)
+            if isinstance(value, list | tuple):
+                checked = tuple(
+                    _float(f"network.{key}[{i}]", v, 0.0, open_low=low_open)
+                    for i, v in enumerate(value)
+                )
+                object.__setattr__(self, key, checked)
+            else:
+                _float(f"network.{key}", value, 0.0, open_low=low_open)
+        links = []
+        for position, link in enumerate(self.links):
+            where = f"network.links[{position}]"
+            if not isinstance(link, Mapping) or set(link) != {
+                "source",
+                "target",
+                "latency",
+                "bandwidth",
+            }:
+                raise _fail(where, "needs exactly the keys source, target, latency, bandwidth")
+            links.append(
+                {
+                    "source": _int(f"{where}.source", link["source"], 0),
+                    "target": _int(f"{where}.target", link["target"], 0),
+                    "latency": _float(f"{where}.latency", link["latency"], 0.0),
+                    "bandwidth": _float(
+                        f"{where}.bandwidth", link["bandwidth"], 0.0, open_low=True
+                    ),
+                }
+            )
+        object.__setattr__(self, "links", tuple(links))
         if self.server_bandwidth is not None:
             _float("network.server_bandwidth", self.server_bandwidth, 0.0, open_low=True)
         _float("network.step_time", self.step_time, 0.0, open_low=True)
@@ -318,6 +349,20 @@ class ExperimentConfig:
                 "Byzantine peers are simulated for synchronous gossip algorithms "
                 f"(dpsgd, local-sgd, push-sum, choco), not {self.algorithm.name!r}",
             )
+        for key in ("latency", "bandwidth"):
+            value = getattr(self.network, key)
+            if isinstance(value, tuple) and len(value) != self.workload.peers:
+                raise _fail(
+                    f"network.{key}",
+                    f"needs one value per peer ({self.workload.peers}), got {len(value)}",
+                )
+        for link in self.network.links:
+            if max(link["source"], link["target"]) >= self.workload.peers:
+                raise _fail(
+                    "network.links",
+                    f"link {link['source']} -> {link['target']} is outside peers "
+                    f"0..{self.workload.peers - 1}",
+                )
         for peer in self.network.stragglers:
             if not 0 <= peer < self.workload.peers:
                 raise _fail(
@@ -367,8 +412,10 @@ def experiment_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
             if not isinstance(table, Mapping):
                 raise _fail(section, f"must be a table [{section}], got {table!r}")
             values = _known(f"{section}.", table, cls)
-            if section == "network" and "crashes" in values:
-                values["crashes"] = tuple(values["crashes"])
+            if section == "network":
+                for key in ("crashes", "links"):
+                    if key in values:
+                        values[key] = tuple(values[key])
             try:
                 top[section] = cls(**values)
             except TypeError as error:
@@ -500,7 +547,15 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         x_train=data.x_train,
         y_train=data.y_train,
         optimizer=config.optimizer,
-        links=Links.uniform(w.peers, latency=net.latency, bandwidth=net.bandwidth),
+        links=Links.uniform(
+            w.peers,
+            latency=net.latency,
+            bandwidth=net.bandwidth,
+            overrides={
+                (link["source"], link["target"]): (link["latency"], link["bandwidth"])
+                for link in net.links
+            },
+        ),
         compute=ComputeModel(
             w.peers,
             step_time=net.step_time,

@@ -93,6 +93,16 @@ def test_a_full_file_loads_builds_and_runs_reproducibly(tmp_path: Path) -> None:
             "byzantine.count: Byzantine peers are simulated for synchronous gossip",
         ),
         ({"workload": "x"}, r"workload: must be a table \[workload\]"),
+        (
+            {"workload": {"peers": 3}, "network": {"latency": [1e-3, 1e-3]}},
+            r"network.latency: needs one value per peer \(3\), got 2",
+        ),
+        ({"network": {"bandwidth": [1e9, -1.0]}}, r"network.bandwidth\[1\]: must be in \(0"),
+        ({"network": {"links": [{"source": 0, "target": 1}]}}, r"network.links\[0\]: needs"),
+        (
+            {"network": {"links": [{"source": 0, "target": 99, "latency": 0.1, "bandwidth": 1}]}},
+            "network.links: link 0 -> 99 is outside peers",
+        ),
     ],
 )
 def test_bad_fields_are_named_with_the_allowed_values(data: dict, message: str) -> None:
@@ -176,3 +186,30 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     missing = gossipnet("run", str(tmp_path / "missing.toml"), cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_per_peer_links_and_link_overrides_slow_the_ring_down() -> None:
+    def round_time(network: dict) -> float:
+        config = experiment_from_dict(
+            {
+                "rounds": 2,
+                "eval_every": 2,
+                "workload": {
+                    "dataset": "synthetic:num_samples=200",
+                    "peers": 4,
+                    "model": "logistic",
+                },
+                "algorithm": {"name": "allreduce"},
+                "network": network,
+            }
+        )
+        return run(*build(config), rounds=2, eval_every=2)[-1].time
+
+    uniform = round_time({"latency": 1e-4})
+    per_peer = round_time({"latency": [1e-4, 1e-4, 1e-2, 1e-4]})
+    override = round_time(
+        {"links": [{"source": 1, "target": 2, "latency": 1e-1, "bandwidth": 1e9}]}
+    )
+    # ring all-reduce: 2(p-1) = 6 latency terms per round, each the worst ring link
+    assert per_peer - uniform == pytest.approx(2 * 6 * (1e-2 - 1e-4))
+    assert override - uniform == pytest.approx(2 * 6 * (1e-1 - 1e-4), rel=1e-3)
