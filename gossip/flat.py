@@ -7,9 +7,13 @@ operation and one memory block on the wire. :class:`FlatParameters` moves every 
 module into one contiguous tensor and points the module's tensors at slices of it, so the
 module keeps working unchanged while gossip code reads and writes the flat vector.
 
-Gradients get the same treatment: each parameter's ``.grad`` is a view into one flat
-gradient buffer, and :attr:`FlatParameters.parameter` is a single ``nn.Parameter`` whose
-``.grad`` is that buffer, so any torch optimizer steps the whole model in one call::
+Gradients get the same treatment: each trainable parameter's ``.grad`` is a view into one
+flat gradient buffer, and :attr:`FlatParameters.parameter` is a single ``nn.Parameter`` whose
+``.grad`` is that buffer, so any torch optimizer steps the whole model in one call. Frozen
+parameters (``requires_grad=False``) come after the trainable ones, outside that view: an
+optimizer never touches them (no weight decay, no momentum), but they stay in the flat
+vector, so they are shipped and mixed with the model (a no-op while every peer holds the
+same frozen values)::
 
     flat = FlatParameters(model)
     optimizer = torch.optim.SGD([flat.parameter], lr=0.1, momentum=0.9)
@@ -44,7 +48,7 @@ class LayoutEntry:
     name: str
     shape: tuple[int, ...]
     offset: int
-    kind: Literal["parameter", "buffer"]
+    kind: Literal["parameter", "frozen", "buffer"]
 
     @property
     def numel(self) -> int:
@@ -53,20 +57,23 @@ class LayoutEntry:
 
 @dataclass(frozen=True)
 class ParameterLayout:
-    """Where each named tensor of a module lives in the flat vector (parameters first)."""
+    """Where each named tensor of a module lives in the flat vector.
+
+    Order: trainable parameters (kind ``"parameter"``), then frozen parameters
+    (``requires_grad=False``, kind ``"frozen"``), then floating-point buffers (``"buffer"``),
+    each group in the module's own order.
+    """
 
     entries: tuple[LayoutEntry, ...]
 
     @classmethod
     def from_module(cls, module: nn.Module, *, buffers: bool = False) -> ParameterLayout:
-        """Layout of ``module``'s parameters, then (if ``buffers``) its floating-point buffers."""
+        """Layout of ``module``'s trainable, then frozen parameters, then (if ``buffers``) its
+        floating-point buffers."""
         entries: list[LayoutEntry] = []
         offset = 0
         for name, tensor in _named_tensors(module, buffers=buffers):
-            kind: Literal["parameter", "buffer"] = (
-                "parameter" if isinstance(tensor, nn.Parameter) else "buffer"
-            )
-            entries.append(LayoutEntry(name, tuple(tensor.shape), offset, kind))
+            entries.append(LayoutEntry(name, tuple(tensor.shape), offset, _kind(tensor)))
             offset += tensor.numel()
         return cls(tuple(entries))
 
@@ -77,7 +84,7 @@ class ParameterLayout:
 
     @property
     def num_parameter_elements(self) -> int:
-        """Length of the leading parameter part (the part an optimizer steps)."""
+        """Length of the leading trainable-parameter part (the part an optimizer steps)."""
         return sum(e.numel for e in self.entries if e.kind == "parameter")
 
     @property
@@ -120,8 +127,17 @@ class ParameterLayout:
         return torch.cat(parts, dim=-1)
 
 
+def _kind(tensor: Tensor) -> Literal["parameter", "frozen", "buffer"]:
+    if not isinstance(tensor, nn.Parameter):
+        return "buffer"
+    return "parameter" if tensor.requires_grad else "frozen"
+
+
 def _named_tensors(module: nn.Module, *, buffers: bool) -> Iterator[tuple[str, Tensor]]:
-    yield from module.named_parameters()
+    """Trainable parameters, frozen parameters, then (if ``buffers``) float buffers."""
+    parameters = list(module.named_parameters())
+    yield from ((name, p) for name, p in parameters if p.requires_grad)
+    yield from ((name, p) for name, p in parameters if not p.requires_grad)
     if buffers:
         for name, buffer in module.named_buffers():
             if buffer.is_floating_point():
@@ -134,16 +150,20 @@ class FlatParameters:
     Args:
         module: the model; its parameters (and with ``buffers=True`` its floating-point
             buffers) are copied once into :attr:`vector` and re-pointed at slices of it.
+            Which parameters are trainable is read now: wrap again after changing
+            ``requires_grad``.
         buffers: also carry floating-point buffers (BatchNorm running statistics), after the
             parameters, so they are mixed and shipped with the model. Integer buffers such as
             ``num_batches_tracked`` stay where they are.
 
     Attributes:
         layout: the :class:`ParameterLayout` (names, shapes, offsets).
-        vector: ``[d]`` the whole flat model (parameters then buffers).
-        parameter: ``nn.Parameter`` viewing ``vector[:p]``, the parameter part; give it to an
-            optimizer. Its ``.grad`` is :attr:`grad`.
-        grad: ``[p]`` flat gradient buffer; every module parameter's ``.grad`` views into it.
+        vector: ``[d]`` the whole flat model (trainable parameters, frozen parameters, buffers).
+        parameter: ``nn.Parameter`` viewing ``vector[:p]``, the trainable parameters only;
+            give it to an optimizer (frozen parameters and buffers lie outside it, so weight
+            decay or momentum never move them). Its ``.grad`` is :attr:`grad`.
+        grad: ``[p]`` flat gradient buffer; every trainable parameter's ``.grad`` views into
+            it (frozen ones keep ``.grad`` None).
 
     Keep the views: clear gradients with :meth:`zero_grad` (``module.zero_grad()`` sets them
     to None; :meth:`zero_grad` re-attaches them), and do not move or cast the module after
@@ -177,7 +197,7 @@ class FlatParameters:
         self._attach_grads()
 
     def _attach_grads(self) -> None:
-        # Parameters come first in the layout, so their offsets index straight into grad.
+        # Trainable parameters come first in the layout, so their offsets index into grad.
         for entry, tensor in zip(self.layout.entries, self._tensors):
             if entry.kind == "parameter":
                 tensor.grad = self.grad[entry.offset : entry.offset + entry.numel].view(entry.shape)

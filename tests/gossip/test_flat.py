@@ -120,3 +120,50 @@ def test_bad_input_is_refused() -> None:
         flat.unflatten(torch.zeros(3, 5))
     with pytest.raises(ValueError, match="missing entries"):
         flat.layout.flatten({"weight": torch.zeros(2, 2)})
+
+
+def frozen_model() -> nn.Module:
+    """A frozen embedding-like first layer and a trainable head (fine-tuning)."""
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model[0].requires_grad_(False)  # type: ignore[index]
+    return model
+
+
+def test_frozen_parameters_stay_out_of_the_optimised_view() -> None:
+    """Weight decay and momentum over flat.parameter never move frozen weights."""
+    model = frozen_model()
+    reference = copy.deepcopy(model)
+    frozen_before = model[0].weight.detach().clone()  # type: ignore[index]
+    flat = FlatParameters(model)
+    assert flat.layout.names == ("2.weight", "2.bias", "0.weight", "0.bias")
+    assert [e.kind for e in flat.layout.entries] == ["parameter", "parameter", "frozen", "frozen"]
+    trainable = 8 * 3 + 3
+    assert flat.parameter.numel() == flat.grad.numel() == trainable
+    assert flat.layout.num_parameter_elements == trainable and flat.numel == trainable + 6 * 8 + 8
+    assert model[0].weight.grad is None  # type: ignore[index]
+    optimizer = torch.optim.SGD([flat.parameter], lr=0.1, momentum=0.9, weight_decay=0.5)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.5)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    for _ in range(3):
+        flat.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        ref_optimizer.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        ref_optimizer.step()
+    assert torch.equal(model[0].weight, frozen_before)  # type: ignore[index]
+    for mine, theirs in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.allclose(mine, theirs, atol=1e-6)
+    assert flat.views_intact()
+    # frozen weights still ride in the flat vector (shipped and mixed with the model)
+    assert torch.equal(flat.unflatten(flat.vector)["0.weight"], frozen_before)
+    flat.vector.mul_(0.5)
+    assert torch.equal(model[0].weight, frozen_before * 0.5)  # type: ignore[index]
+
+
+def test_a_fully_frozen_module_has_an_empty_optimised_view() -> None:
+    model = nn.Linear(3, 2).requires_grad_(False)
+    flat = FlatParameters(model)
+    assert flat.parameter.numel() == 0 and flat.numel == 8
+    torch.optim.SGD([flat.parameter], lr=1.0, weight_decay=1.0).step()
+    assert flat.views_intact() and bool(flat.vector.ne(0).any())
