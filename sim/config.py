@@ -20,6 +20,7 @@ A complete file (every key optional except where noted)::
     peers = 16
     batch_size = 32
     init = "same"                  # or "independent"
+    cache_dir = "~/.cache/gossipnet"  # generated data sets (default: $GOSSIPNET_CACHE or this)
 
     [optimizer]
     name = "sgd"                   # or "adam"
@@ -32,7 +33,7 @@ A complete file (every key optional except where noted)::
     name = "dpsgd"                 # see ALGORITHMS
     topology = "ring"              # topologies.build name (gossip algorithms)
     topology_params = {}           # e.g. {degree = 4, seed = 1}
-    weights = "metropolis"         # mixing weights
+    weights = "metropolis"         # mixing weights (default: metropolis, uniform if directed)
     schedule = "static"            # "one-peer-exponential", "random-matching", "random-k-out"
     order = "combine-then-adapt"
     local_steps = 1
@@ -65,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -145,6 +147,34 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def default_cache_dir() -> Path:
+    """Where generated data sets are kept: ``$GOSSIPNET_CACHE`` if set, else
+    ``$XDG_CACHE_HOME/gossipnet`` (``~/.cache/gossipnet``)."""
+    explicit = os.environ.get("GOSSIPNET_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "gossipnet"
+
+
+def _load_dataset(workload: WorkloadConfig) -> Any:
+    """``workloads.load_dataset`` with a cache folder for data sets that take one (MNIST-1D is
+    generated once per argument set); a ``cache_dir`` written in the spec wins."""
+    from workloads import DATASETS, load_dataset
+
+    name, _, rest = workload.dataset.partition(":")
+    entry = DATASETS.get(name.strip())
+    given = {item.partition("=")[0].strip() for item in rest.split(",")}
+    if entry is None or "cache_dir" not in entry.params or "cache_dir" in given:
+        return load_dataset(workload.dataset)
+    folder = (
+        Path(workload.cache_dir).expanduser()
+        if workload.cache_dir is not None
+        else default_cache_dir()
+    )
+    return load_dataset(workload.dataset, cache_dir=str(folder))
+
+
 def _spec(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _fail(name, f"must be a non-empty spec string like 'name:key=value', got {value!r}")
@@ -159,8 +189,11 @@ class WorkloadConfig:
     peers: int = 16
     batch_size: int = 32
     init: str = "same"
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            _spec("workload.cache_dir", self.cache_dir)
         _spec("workload.dataset", self.dataset)
         _spec("workload.partition", self.partition)
         _spec("workload.model", self.model)
@@ -174,7 +207,7 @@ class AlgorithmConfig:
     name: str = "dpsgd"
     topology: str = "ring"
     topology_params: Mapping[str, Any] = field(default_factory=dict)
-    weights: str = "metropolis"
+    weights: str | None = None
     schedule: str = "static"
     order: str = "combine-then-adapt"
     local_steps: int = 1
@@ -191,7 +224,8 @@ class AlgorithmConfig:
         _spec("algorithm.topology", self.topology)
         if not isinstance(self.topology_params, Mapping):
             raise _fail("algorithm.topology_params", "must be a table of builder parameters")
-        _spec("algorithm.weights", self.weights)
+        if self.weights is not None:
+            _spec("algorithm.weights", self.weights)
         _spec("algorithm.schedule", self.schedule)
         if self.schedule.partition(":")[0] not in SCHEDULES:
             raise _fail(
@@ -517,11 +551,11 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
 
 def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     """Data, partition, model, network and algorithm for one run (all seeded by ``seed``)."""
-    from workloads import StackedBatchSampler, build_model, load_dataset, partition
+    from workloads import StackedBatchSampler, build_model, partition
 
     w, net = config.workload, config.network
     try:
-        data = load_dataset(w.dataset)
+        data = _load_dataset(w)
     except (ValueError, ImportError) as error:
         raise _fail("workload.dataset", str(error)) from None
     try:

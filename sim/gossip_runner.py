@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from consensus.attacks import Attack
+from consensus.attacks import ALittleIsEnough, Attack, alie_z
 from gossip.algorithms import GossipAlgorithm, pairwise_average
 from sim.algorithms import Context, RoundReport, _mean_loss
 from sim.engine import masked_step
@@ -57,10 +57,18 @@ def byzantine_messages(
 
     An attack that needs nothing but the sender's own message (``sign-flip``, ``gaussian``,
     ``scaling``...) is called once on all Byzantine slots ``[s, m]``. An omniscient one
-    (``needs_honest``: ``alie``, ``ipm``, ``dissensus``, ``mimic``) is called once per
-    receiver that has Byzantine neighbours: it sees the receiver's own message and its honest
-    neighbours' messages, and the colluding Byzantine neighbours of that receiver all send
-    the one vector it returns (``byzantine_weight`` is their total weight).
+    (``needs_honest``: ``alie``, ``ipm``, ``dissensus``, ``mimic``) is called once for all
+    receivers that have Byzantine neighbours (once per distinct neighbourhood size for ALIE):
+    it sees each receiver's own message and its honest neighbours' messages, and the
+    colluding Byzantine neighbours of that receiver all send the one vector it returns.
+
+    What the attack is told about receiver i, with B_i its present Byzantine neighbours:
+    ``byzantine_weight = Σ_{b ∈ B_i} W_ib`` (the TOTAL weight, as dissensus needs: with ε = 1
+    and plain averaging, i stays exactly where it was however many Byzantine neighbours it
+    has), and ALIE (Baruch et al. 2019; unless its ``z`` is fixed) gets the real ``f = |B_i|`` and
+    ``n = 1 + present neighbours``, so z = Φ⁻¹((n − f − s)/(n − f)) comes from i's actual
+    neighbourhood; where that formula is undefined (Byzantine majority at i, s <= 0) the
+    attack runs as configured.
     """
     slots = mask & byzantine[index]
     receivers, positions = slots.nonzero(as_tuple=True)
@@ -82,19 +90,44 @@ def byzantine_messages(
     honest_weights = torch.cat(
         [self_weight[rows].unsqueeze(1), torch.where(honest_mask, weights, 0.0)[rows]], dim=1
     )
-    malicious = attack(
-        sent[index[rows, first]],
-        honest,
-        honest_mask=visible,
-        target=target,
-        honest_weights=honest_weights,
-        byzantine_weight=torch.where(slots, weights, 0.0)[rows].sum(-1),
-        generator=generator,
-    )
+    byzantine_weight = torch.where(slots, weights, 0.0)[rows].sum(-1)
+    own = sent[index[rows, first]]
+    malicious = torch.empty_like(target)
+    sizes = mask[rows].sum(dim=1) + 1
+    counts = slots[rows].sum(dim=1)
+    for chosen, group in _attack_groups(attack, sizes, counts):
+        malicious[group] = chosen(
+            own[group],
+            honest[group],
+            honest_mask=visible[group],
+            target=target[group],
+            honest_weights=honest_weights[group],
+            byzantine_weight=byzantine_weight[group],
+            generator=generator,
+        ).to(malicious.dtype)
     per_row = torch.zeros(received.shape[0], dtype=torch.long)
     per_row[rows] = torch.arange(rows.numel())
     out[receivers, positions] = malicious.to(out.dtype)[per_row[receivers]]
     return out
+
+
+def _attack_groups(attack: Attack, sizes: Tensor, counts: Tensor) -> list[tuple[Attack, Tensor]]:
+    """The attack for each group of receivers: ALIE (without a fixed ``z``) once per distinct
+    (neighbourhood size n, Byzantine neighbours f), any other attack once for all."""
+    everyone = torch.arange(sizes.numel())
+    if not isinstance(attack, ALittleIsEnough) or attack.z is not None:
+        return [(attack, everyone)]
+    pairs = torch.stack([sizes, counts], dim=1)
+    unique, group_of = pairs.unique(dim=0, return_inverse=True)
+    groups: list[tuple[Attack, Tensor]] = []
+    for position, (n, f) in enumerate(unique.tolist()):
+        try:
+            alie_z(n, f)
+            chosen: Attack = ALittleIsEnough(f=f, n=n)
+        except ValueError:  # Byzantine majority at these receivers: the formula has no z
+            chosen = attack
+        groups.append((chosen, (group_of == position).nonzero().squeeze(1)))
+    return groups
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -213,3 +214,47 @@ def test_per_peer_links_and_link_overrides_slow_the_ring_down() -> None:
     # ring all-reduce: 2(p-1) = 6 latency terms per round, each the worst ring link
     assert per_peer - uniform == pytest.approx(2 * 6 * (1e-2 - 1e-4))
     assert override - uniform == pytest.approx(2 * 6 * (1e-1 - 1e-4), rel=1e-3)
+
+
+def test_each_graph_gets_its_natural_weights_so_the_directed_exponential_graph_runs() -> None:
+    config = ExperimentConfig(
+        rounds=2,
+        eval_every=1,
+        workload=WorkloadConfig(dataset="synthetic:num_samples=200", peers=8, model="logistic"),
+        algorithm=AlgorithmConfig(name="push-sum", topology="exponential"),
+    )
+    assert config.algorithm.weights is None
+    algorithm, ctx, evaluation = build(config)
+    records = run(algorithm, ctx, evaluation, rounds=2, eval_every=1)
+    assert records[-1].round == 2
+    # column-stochastic uniform weights 1/(1 + ceil(log2 8)) = 1/4 on the directed graph
+    table = algorithm.schedule.neighbour_table(0)  # type: ignore[attr-defined]
+    assert table.weight[table.mask] == pytest.approx(0.25)
+    explicit = dataclasses.replace(
+        config, algorithm=dataclasses.replace(config.algorithm, weights="metropolis")
+    )
+    with pytest.raises(ConfigError, match=r"algorithm\.topology"):
+        build(explicit)
+
+
+def test_mnist1d_is_generated_once_into_the_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GOSSIPNET_CACHE", str(tmp_path / "env-cache"))
+    spec = "mnist1d:num_samples=200"
+    config = ExperimentConfig(
+        rounds=0, workload=WorkloadConfig(dataset=spec, peers=2, model="logistic")
+    )
+    build(config)
+    cached = list((tmp_path / "env-cache").glob("mnist1d-*.npz"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    build(config)  # a cache hit: the file is read, not rewritten
+    assert cached[0].stat().st_mtime_ns == stamp
+    own = dataclasses.replace(
+        config, workload=dataclasses.replace(config.workload, cache_dir=str(tmp_path / "own"))
+    )
+    build(own)
+    assert len(list((tmp_path / "own").glob("mnist1d-*.npz"))) == 1
+    with pytest.raises(ConfigError, match=r"workload\.cache_dir"):
+        WorkloadConfig(cache_dir="")
