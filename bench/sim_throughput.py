@@ -1,20 +1,25 @@
 """Simulator throughput: peer-steps per second, vectorized engine vs the naive per-peer loop.
 
-One D-PSGD step of every peer on a ring: gradient on its own batch, SGD with momentum, then
-gossip averaging with its two neighbours through ``consensus.WeightedMean``.
+One D-PSGD step of every peer on a ring (adapt-then-combine): gradient on its own batch, SGD
+with momentum, then gossip averaging with its two neighbours through ``consensus.WeightedMean``.
 
-- vectorized: ``sim.engine.BatchedPeers`` (one ``vmap(grad)`` over ``[n, d]``), one optimizer
-  over the stacked rows, one gather ``[n, k, d]`` along the neighbour table;
-- naive: ``sim.reference.ReferencePeers`` (one ``nn.Module`` and optimizer per peer, a Python
-  loop), then a loop mixing each peer's flat vector with the same ``weighted_mean``.
+- vectorized: ``sim.engine.BatchedPeers`` (``vmap(grad)`` over ``[n, d]``) with gradient and
+  optimizer step fused per cache-sized block of peers (``sim.engine.BlockedOptimizer``, what
+  ``SynchronousGossip`` runs), then one gather ``[n, k, d]`` along the neighbour table; the
+  unfused path (all gradients, then one optimizer over ``[n, d]``) is timed too;
+- naive: ``sim.reference.ReferencePeers``, what a careful user writes: one ``nn.Module`` and one
+  foreach ``torch.optim.SGD`` per peer, ``zero_grad(set_to_none=True)``, a Python loop; then a
+  loop mixing each peer's flat vector with the same ``weighted_mean``.
 
 Both run in this process, same model (``workloads`` ``mlp-100k``: 99,823 parameters on
-MNIST-1D-shaped input), same batch size, same thread count; the table prints the ratio. The
-naive loop runs fewer steps at large n. Peak memory at ``--memory-peers`` peers is measured
-in a fresh child process (peak resident set size of a vectorized run).
+MNIST-1D-shaped input), same batch size, same thread count. Every configuration is timed at
+torch's default thread count (all cores: the vectorized bmm uses them, the naive loop of small
+matmuls mostly cannot) and at one thread, and at batch sizes 8 and 32. The naive loop runs fewer
+steps at large n. Peak memory at ``--memory-peers`` peers is measured in a fresh child process
+(peak resident set size of a vectorized step).
 
     .venv/bin/python bench/sim_throughput.py                  # n = 16, 64, 256, 1024
-    .venv/bin/python bench/sim_throughput.py --sizes 16 64 --steps 3
+    .venv/bin/python bench/sim_throughput.py --sizes 64 --batch-sizes 32 --threads 1 --steps 3
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ import torch
 
 import topologies
 from consensus.mean import WeightedMean, weighted_mean
-from sim.engine import BatchedPeers, build_optimizer, gather_mix, rows_for_budget
+from sim.engine import (
+    BatchedPeers,
+    BlockedOptimizer,
+    build_optimizer,
+    gather_mix,
+    rows_for_budget,
+)
 from sim.reference import ReferencePeers
 from workloads import build_model, parameter_count
 
@@ -56,31 +67,48 @@ def ring_table(n: int) -> topologies.NeighbourTable:
     return topologies.neighbour_table(topologies.mixing_matrix(topologies.build("ring", n)))
 
 
-def vectorized(n: int, batch: int, steps: int) -> tuple[float, float]:
-    """Seconds per step of all n peers: (train = gradient + optimizer, mix), after a warm-up."""
+def sgd(params: torch.Tensor) -> torch.optim.Optimizer:
+    return build_optimizer(params, "sgd", lr=0.05, momentum=0.9)
+
+
+def vectorized(n: int, batch: int, steps: int) -> tuple[float, float, float]:
+    """Seconds per step of all n peers after a warm-up: (fused train = gradient + optimizer
+    per block, mix, unfused train = all gradients then one optimizer step over ``[n, d]``)."""
     peers = BatchedPeers(model, n, seed=0)
-    optimizer = build_optimizer(peers.params, "sgd", lr=0.05, momentum=0.9)
+    trainer = BlockedOptimizer(peers, peers.params, sgd)
     table = ring_table(n)
     rule = WeightedMean()
     chunk = rows_for_budget(n, table.width, peers.dim)
     data = batches(n, batch, steps + 1)
+    mixed = torch.empty_like(peers.params)
     train = mix = 0.0
     for step, (x, y) in enumerate(data):
         start = time.perf_counter()
-        _, peers.params.grad = peers.gradients(x, y)
-        optimizer.step()
+        trainer.step(x, y)
         middle = time.perf_counter()
-        peers.params.copy_(gather_mix(peers.params, table, rule, chunk_rows=chunk))
+        gather_mix(peers.params, table, rule, chunk_rows=chunk, out=mixed)
+        peers.params.copy_(mixed)
         if step > 0:
             train += middle - start
             mix += time.perf_counter() - middle
-    return train / steps, mix / steps
+    unfused = BatchedPeers(model, n, seed=0)
+    optimizer = sgd(unfused.params)
+    plain = 0.0
+    for step, (x, y) in enumerate(data):
+        start = time.perf_counter()
+        _, unfused.params.grad = unfused.gradients(x, y)
+        optimizer.step()
+        if step > 0:
+            plain += time.perf_counter() - start
+    return train / steps, mix / steps, plain / steps
 
 
 def naive(n: int, batch: int, steps: int) -> tuple[float, float]:
     """The same with one module and optimizer per peer and a loop over peers for mixing."""
     template = model()
-    reference = ReferencePeers(template, n, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+    reference = ReferencePeers(
+        template, n, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=True)
+    )
     table = ring_table(n)
     index = torch.as_tensor(table.index)
     weights = torch.as_tensor(table.weight, dtype=torch.float32)
@@ -101,7 +129,7 @@ def naive(n: int, batch: int, steps: int) -> tuple[float, float]:
 
 
 def peak_memory_child(n: int, batch: int) -> None:
-    """Run two vectorized steps of n peers and print the peak RSS in bytes."""
+    """Run two vectorized steps of n peers (fused and unfused) and print the peak RSS in bytes."""
     vectorized(n, batch, 1)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
@@ -109,7 +137,7 @@ def peak_memory_child(n: int, batch: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024])
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--steps", type=int, default=5, help="timed vectorized steps per size")
     parser.add_argument(
         "--naive-peer-steps",
@@ -117,34 +145,60 @@ def main() -> int:
         default=1024,
         help="budget of naive peer-steps per size (fewer steps at large n, at least 1)",
     )
-    parser.add_argument("--threads", type=int, default=1)
+    default_threads = torch.get_num_threads()
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=sorted({default_threads, 1}, reverse=True),
+        help=f"thread counts to time (default: torch's default {default_threads}, and 1)",
+    )
     parser.add_argument("--memory-peers", type=int, default=1000)
     parser.add_argument("--child-memory", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if min(args.sizes + args.batch_sizes + args.threads + [args.steps]) < 1:
+        parser.error("--sizes, --batch-sizes, --threads and --steps must be >= 1")
     if args.child_memory:
-        peak_memory_child(args.child_memory, args.batch_size)
+        torch.set_num_threads(args.threads[0])
+        peak_memory_child(args.child_memory, args.batch_sizes[0])
         return 0
     print(
-        f"model mlp-100k: {parameter_count(model()):,} parameters; batch {args.batch_size}; "
-        f"{args.threads} thread(s); D-PSGD step on a ring (gradient + SGD momentum + mixing)"
+        f"model mlp-100k: {parameter_count(model()):,} parameters; D-PSGD step on a ring "
+        f"(gradient + SGD momentum + mixing); torch default threads: {default_threads}"
     )
     print(
-        "peer-steps per second; 'train' = gradient + optimizer step, 'round' = train + gossip "
-        "mixing with the two ring neighbours"
+        "peer-steps per second; 'train' = gradient + optimizer step (vec: fused per block; "
+        "unfused: all gradients then one step), 'round' = train + gossip mixing with the two "
+        "ring neighbours; ratios = vectorized / naive"
     )
-    header = ("peers", "vec train", "naive train", "ratio", "vec round", "naive round", "ratio")
-    print("{:>6} {:>10} {:>12} {:>6} {:>10} {:>12} {:>6}".format(*header))
-    for n in args.sizes:
-        fast_train, fast_mix = vectorized(n, args.batch_size, args.steps)
-        naive_steps = max(1, min(args.steps, args.naive_peer_steps // n))
-        slow_train, slow_mix = naive(n, args.batch_size, naive_steps)
-        fast_round, slow_round = fast_train + fast_mix, slow_train + slow_mix
-        print(
-            f"{n:>6} {n / fast_train:>10,.0f} {n / slow_train:>12,.0f} "
-            f"{slow_train / fast_train:>5.2f}x {n / fast_round:>10,.0f} "
-            f"{n / slow_round:>12,.0f} {slow_round / fast_round:>5.2f}x"
-        )
+    header = (
+        "threads",
+        "batch",
+        "peers",
+        "vec train",
+        "unfused",
+        "naive train",
+        "ratio",
+        "vec round",
+        "naive round",
+        "ratio",
+    )
+    print("{:>7} {:>5} {:>6} {:>10} {:>8} {:>12} {:>6} {:>10} {:>12} {:>6}".format(*header))
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for batch in args.batch_sizes:
+            for n in args.sizes:
+                fast_train, fast_mix, unfused = vectorized(n, batch, args.steps)
+                naive_steps = max(1, min(args.steps, args.naive_peer_steps // n))
+                slow_train, slow_mix = naive(n, batch, naive_steps)
+                fast_round, slow_round = fast_train + fast_mix, slow_train + slow_mix
+                print(
+                    f"{threads:>7} {batch:>5} {n:>6} {n / fast_train:>10,.0f} "
+                    f"{n / unfused:>8,.0f} {n / slow_train:>12,.0f} "
+                    f"{slow_train / fast_train:>5.2f}x {n / fast_round:>10,.0f} "
+                    f"{n / slow_round:>12,.0f} {slow_round / fast_round:>5.2f}x",
+                    flush=True,
+                )
     if args.memory_peers:
         child = subprocess.run(
             [
@@ -152,10 +206,10 @@ def main() -> int:
                 __file__,
                 "--child-memory",
                 str(args.memory_peers),
-                "--batch-size",
-                str(args.batch_size),
+                "--batch-sizes",
+                str(max(args.batch_sizes)),
                 "--threads",
-                str(args.threads),
+                "1",
             ],
             capture_output=True,
             text=True,
@@ -163,8 +217,8 @@ def main() -> int:
         )
         peak = int(child.stdout.strip().splitlines()[-1])
         print(
-            f"peak resident memory, {args.memory_peers} peers x mlp-100k, vectorized step: "
-            f"{peak / 2**30:.2f} GiB (target < 4 GiB)"
+            f"peak resident memory, {args.memory_peers} peers x mlp-100k, vectorized step "
+            f"(batch {max(args.batch_sizes)}): {peak / 2**30:.2f} GiB (target < 4 GiB)"
         )
     return 0
 

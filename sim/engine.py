@@ -163,7 +163,13 @@ class BatchedPeers:
         return result
 
     def gradients(
-        self, x: Tensor, y: Tensor, params: Tensor | None = None, *, block_rows: int | None = None
+        self,
+        x: Tensor,
+        y: Tensor,
+        params: Tensor | None = None,
+        *,
+        block_rows: int | None = None,
+        out: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Per-peer loss ``[m]`` and gradient ``[m, d]`` of ``params [m, d]`` (default all).
 
@@ -171,6 +177,9 @@ class BatchedPeers:
         per-peer gradients in flight), each block one ``vmap(grad)`` whose result is written
         straight into the ``[m, d]`` output: at large n this keeps the block's gradients in
         the CPU cache instead of materialising and copying an ``[n, d]`` intermediate.
+        ``out`` (``[m, d]``, contiguous) receives the gradients instead of a new tensor: a
+        buffer reused every step costs no fresh pages (a new 100 MB tensor is ~25k page
+        faults, each zero-filled by the kernel).
         """
         flat = self.params if params is None else params
         m = flat.shape[0]
@@ -179,23 +188,41 @@ class BatchedPeers:
                 f"x, y: leading dimension must be the number of peers {m}, "
                 f"got {tuple(x.shape)} and {tuple(y.shape)}"
             )
-        block = block_rows or max(1, (32 << 20) // (4 * self.dim))
+        block = block_rows or self.default_block_rows()
         if block < 1:
             raise ValueError(f"block_rows: must be >= 1, got {block_rows}")
         flat = flat.detach()
+        if out is not None and (out.shape != flat.shape or not out.is_contiguous()):
+            raise ValueError(
+                f"out: must be a contiguous tensor of shape {tuple(flat.shape)}, "
+                f"got {tuple(out.shape)}"
+            )
         if m <= block:
             views = self.layout.unflatten(flat)
             grads, losses = self._batchable_guard(self._grad_fn, views, x, y)
-            return losses.detach(), self.layout.flatten(grads).detach()
-        out = torch.empty_like(flat)
+            if out is None:
+                return losses.detach(), self.layout.flatten(grads).detach()
+            self._flatten_into(grads, out)
+            return losses.detach(), out
+        out = torch.empty_like(flat) if out is None else out
         losses = torch.empty(m, dtype=flat.dtype)
         for start in range(0, m, block):
             rows = slice(start, start + block)
             views = self.layout.unflatten(flat[rows])
             grads, loss = self._batchable_guard(self._grad_fn, views, x[rows], y[rows])
-            out[rows] = self.layout.flatten(grads)
+            self._flatten_into(grads, out[rows])
             losses[rows] = loss.detach()
         return losses, out
+
+    def _flatten_into(self, grads: dict[str, Tensor], out: Tensor) -> None:
+        """``layout.flatten(grads)`` written into ``out [b, d]`` by one ``torch.cat``."""
+        rows = out.shape[0]
+        parts = [grads[e.name].detach().reshape(rows, e.numel) for e in self.layout.entries]
+        torch.cat(parts, dim=1, out=out)
+
+    def default_block_rows(self) -> int:
+        """Peers per ``vmap(grad)`` call: as many as keep ~32 MiB of gradients in flight."""
+        return max(1, (32 << 20) // (4 * self.dim))
 
     @torch.no_grad()
     def logits(self, x: Tensor, params: Tensor | None = None) -> Tensor:
@@ -274,8 +301,9 @@ def masked_step(optimizer: torch.optim.Optimizer, params: Tensor, active: Tensor
     """``optimizer.step()`` for the rows where ``active [n]`` is True; other rows keep their
     parameters and optimizer state (a crashed or busy peer does not step).
 
-    Row-shaped state (momentum buffers, Adam's moments) is restored for idle rows; Adam's
-    scalar step count is shared by all rows, so an idle peer's bias correction advances too.
+    Row-shaped state (momentum buffers, Adam's moments) is restored for idle rows (zero when
+    this is the first step); Adam's scalar step count is shared by all rows, so an idle
+    peer's bias correction advances too.
     """
     if active is None or bool(active.all()):
         optimizer.step()
@@ -295,6 +323,99 @@ def masked_step(optimizer: torch.optim.Optimizer, params: Tensor, active: Tensor
         params[idle] = saved_params
         for key, value in saved.items():
             state[key][idle] = value
+        for key, value in state.items():
+            if key not in saved and _is_row_state(value, params):
+                # created by this step (the first): an idle row has never stepped, and zero
+                # is the state of a peer that never did (momentum, Adam's moments)
+                value[idle] = 0
+
+
+class BlockedOptimizer:
+    """Gradient and optimizer step fused per block of peers: for each block of rows R,
+    ``g_R = ∇ℓ(x_R)`` by one ``vmap(grad)``, then ``x_R <- step(x_R, g_R)`` at once, while the
+    block's parameters, gradients and optimizer state are still in the CPU cache.
+
+    Each block has its own torch optimizer over a row-slice view of the stacked ``[n, d]``
+    leaf (the views share its storage: no copy of the parameters). SGD, momentum, Nesterov,
+    weight decay and Adam are elementwise, so the result equals one optimizer over all rows
+    (tested bit for bit against :func:`masked_step` after :meth:`BatchedPeers.gradients`).
+
+    Args:
+        peers: the batched model (its ``gradients``).
+        params: the stacked leaf ``[n, d]`` to train in place (must be contiguous).
+        build: ``leaf -> torch.optim.Optimizer`` for one block (e.g.
+            ``OptimizerConfig.build``).
+        block_rows: peers per block (default: as many as keep ~32 MiB of gradients in flight,
+            the same blocks :meth:`BatchedPeers.gradients` uses).
+    """
+
+    def __init__(
+        self,
+        peers: BatchedPeers,
+        params: Tensor,
+        build: Callable[[Tensor], torch.optim.Optimizer],
+        *,
+        block_rows: int | None = None,
+    ) -> None:
+        if params.dim() != 2 or not params.is_contiguous():
+            raise ValueError(
+                f"params: must be a contiguous [n, d] tensor, got shape {tuple(params.shape)}"
+            )
+        if block_rows is not None and (not isinstance(block_rows, int) or block_rows < 1):
+            raise ValueError(f"block_rows: must be an integer >= 1, got {block_rows!r}")
+        self.peers = peers
+        self.params = params
+        self.block_rows = block_rows or peers.default_block_rows()
+        self.blocks = [
+            params[start : start + self.block_rows]
+            for start in range(0, params.shape[0], self.block_rows)
+        ]
+        self.optimizers = [build(block) for block in self.blocks]
+        self.grads = torch.empty_like(params)  # reused every step: no fresh pages
+
+    def step(self, x: Tensor, y: Tensor, active: Tensor | None = None) -> Tensor:
+        """One local step of every peer on its batch ``x [n, B, ...]``, ``y [n, B]`` (rows
+        where ``active [n]`` is False keep their parameters and state); returns losses ``[n]``."""
+        n = self.params.shape[0]
+        if x.shape[0] != n or y.shape[0] != n:
+            raise ValueError(
+                f"x, y: leading dimension must be the number of peers {n}, "
+                f"got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        losses = torch.empty(n, dtype=self.params.dtype)
+        for index, (block, optimizer) in enumerate(zip(self.blocks, self.optimizers)):
+            rows = slice(index * self.block_rows, index * self.block_rows + block.shape[0])
+            if active is not None and not bool(active[rows].any()):
+                # no gradient for an all-idle block, but its optimizer still steps (and
+                # restores every row) so that shared scalar state (Adam's step count)
+                # advances exactly as in one optimizer over all rows
+                block.grad = self.grads[rows].zero_()
+                masked_step(optimizer, block, active[rows])
+                block.grad = None
+                continue
+            loss, block.grad = self.peers.gradients(
+                x[rows], y[rows], block, block_rows=block.shape[0], out=self.grads[rows]
+            )
+            masked_step(optimizer, block, None if active is None else active[rows])
+            block.grad = None
+            losses[rows] = loss
+        if active is not None:
+            losses[~active] = float("nan")
+        return losses
+
+    def step_with(self, grads: Tensor, active: Tensor | None = None) -> None:
+        """The optimizer step alone, with given gradients ``[n, d]`` (a plan whose gradient
+        and step are split by an exchange, e.g. D-PSGD's combine-then-adapt order)."""
+        if grads.shape != self.params.shape:
+            raise ValueError(
+                f"grads: must have the parameters' shape {tuple(self.params.shape)}, "
+                f"got {tuple(grads.shape)}"
+            )
+        for index, (block, optimizer) in enumerate(zip(self.blocks, self.optimizers)):
+            rows = slice(index * self.block_rows, index * self.block_rows + block.shape[0])
+            block.grad = grads[rows]
+            masked_step(optimizer, block, None if active is None else active[rows])
+            block.grad = None
 
 
 def _is_row_state(value: object, params: Tensor) -> bool:
@@ -309,6 +430,7 @@ def gather_mix(
     sent: Tensor | None = None,
     alive: Tensor | None = None,
     chunk_rows: int | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """Every peer i mixes ``own = values[i]`` with what its neighbours sent:
     ``x_i <- rule(x_i, {sent_j : j ∈ N(i)}, W_i·)``.
@@ -323,6 +445,8 @@ def gather_mix(
         chunk_rows: mix this many receivers at a time to bound the ``[rows, k, d]`` gather;
             only for stateless rules (a rule that overrides ``reset()`` keeps batched state
             and is called once on all rows).
+        out: an ``[n, d]`` buffer (not ``values`` or ``sent``) for the chunked result, reused
+            between rounds so that no fresh ``[n, d]`` pages are faulted in every round.
     """
     sent = values if sent is None else sent
     index = torch.as_tensor(np.asarray(table.index), dtype=torch.long)
@@ -333,18 +457,27 @@ def gather_mix(
         raise ValueError(f"table: has {index.shape[0]} rows but there are {n} peers")
     if alive is not None:
         mask = mask & alive[index]
+    if out is not None and (
+        out.shape != values.shape or out.data_ptr() in (values.data_ptr(), sent.data_ptr())
+    ):
+        raise ValueError(
+            f"out: must be a separate buffer of shape {tuple(values.shape)}, got {tuple(out.shape)}"
+        )
     stateful = keeps_state(aggregator)
     if chunk_rows is None or stateful or chunk_rows >= n:
         mixed = aggregator(values, sent[index], weight, mask)
     else:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows: must be >= 1, got {chunk_rows}")
-        mixed = torch.empty_like(values)
+        mixed = torch.empty_like(values) if out is None else out
         for start in range(0, n, chunk_rows):
             rows = slice(start, start + chunk_rows)
             mixed[rows] = aggregator(values[rows], sent[index[rows]], weight[rows], mask[rows])
     if alive is not None:
         mixed = torch.where(alive.unsqueeze(1), mixed, values)
+    if out is not None and mixed is not out:
+        out.copy_(mixed)
+        return out
     return mixed
 
 

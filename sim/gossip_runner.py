@@ -28,7 +28,7 @@ from torch import Tensor
 from consensus.attacks import ALittleIsEnough, Attack, alie_z
 from gossip.algorithms import GossipAlgorithm, pairwise_average
 from sim.algorithms import Context, RoundReport, _mean_loss
-from sim.engine import masked_step
+from sim.engine import BlockedOptimizer, masked_step
 from sim.network import Event, asynchronous_gossip_events
 from topologies.schedules import Schedule
 
@@ -167,7 +167,8 @@ class SynchronousGossip:
         # the peers' stacked parameters are trained in place (no second [n, d] copy)
         self.state = self.algorithm.init(ctx.peers.params)
         self.parameters = self.algorithm.model(self.state)
-        self.optimizer = ctx.optimizer.build(self.parameters)
+        # gradient + step fused per cache-sized block of peers (exactly one optimizer over all)
+        self.trainer = BlockedOptimizer(ctx.peers, self.parameters, ctx.optimizer.build)
         self.generator = torch.Generator().manual_seed(ctx.seed + 7)
 
     def round(self, ctx: Context) -> RoundReport:
@@ -178,13 +179,21 @@ class SynchronousGossip:
         local_steps = 0
         exchanges = 0
         sent_bytes = np.zeros(ctx.n)
-        for phase in self.algorithm.plan.phases():
+        phases = self.algorithm.plan.phases()
+        for position, phase in enumerate(phases):
             if phase == "gradient":
                 x, y = ctx.batch()
-                losses, grads = ctx.peers.gradients(x, y, self.parameters)
+                if position + 1 < len(phases) and phases[position + 1] == "step":
+                    losses = self.trainer.step(x, y, alive)  # the step phase is done here
+                else:
+                    losses, grads = ctx.peers.gradients(x, y, self.parameters)
             elif phase == "step":
-                self.parameters.grad = grads
-                masked_step(self.optimizer, self.parameters, alive)
+                if position > 0 and phases[position - 1] == "gradient":
+                    local_steps += 1
+                    continue
+                if grads is None:
+                    raise RuntimeError(f"plan {phases}: a step phase needs a gradient phase first")
+                self.trainer.step_with(grads, alive)
                 local_steps += 1
             else:
                 sent_bytes += self._exchange(ctx, table, alive)

@@ -52,7 +52,7 @@ class ReferencePeers:
         """One optimizer step per peer on its own batch ``x[i], y[i]``; returns losses ``[n]``."""
         losses = []
         for model, optimizer, xi, yi in zip(self.models, self.optimizers, x, y):
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=True)
             loss = self.loss(model(xi), yi)
             loss.backward()
             optimizer.step()

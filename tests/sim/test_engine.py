@@ -10,6 +10,7 @@ from torch import nn
 from consensus.mean import WeightedMean
 from sim.engine import (
     BatchedPeers,
+    BlockedOptimizer,
     ModelNotBatchableError,
     build_optimizer,
     gather_mix,
@@ -203,3 +204,66 @@ def test_stateful_rules_are_never_split_into_row_chunks() -> None:
     stateful.reset()
     chunked = gather_mix(values, _Table, stateful, chunk_rows=1)
     torch.testing.assert_close(chunked, whole)
+
+
+@pytest.mark.parametrize(("name", "options"), OPTIMIZERS)
+def test_fused_gradient_and_step_per_block_equals_the_unfused_path(name: str, options) -> None:
+    """Blocks of 3 rows (the last block has 1): gradient + step per block, with its own
+    optimizer over a view of the rows, is bit for bit one optimizer over all rows, also
+    when some peers are idle (their rows and optimizer state untouched)."""
+    n = 7
+    fused = BatchedPeers(mlp, n, init="independent", seed=2)
+    plain = BatchedPeers(mlp, n, init="independent", seed=2)
+    storage = fused.params
+    trainer = BlockedOptimizer(
+        fused, fused.params, lambda p: build_optimizer(p, name, **options), block_rows=3
+    )
+    optimizer = build_optimizer(plain.params, name, **options)
+    idle = torch.tensor([True, True, False, True, True, True, False])
+    for step in range(4):
+        x, y = data(n, 5, seed=10 + step)
+        active = idle if step in (0, 2) else None
+        losses = trainer.step(x, y, active)
+        expected, plain.params.grad = plain.gradients(x, y)
+        masked_step(optimizer, plain.params, active)
+        assert torch.equal(fused.params, plain.params), f"step {step}"
+        if active is None:
+            assert torch.equal(losses, expected)
+        else:
+            assert torch.equal(losses[active], expected[active])
+            assert bool(losses[~active].isnan().all())
+    assert fused.params.data_ptr() == storage.data_ptr()  # trained in place, no copy
+    _, grads = plain.gradients(*data(n, 5, seed=99))
+    trainer.step_with(grads, idle)
+    masked_step_rows = plain.params.clone()
+    plain.params.grad = grads
+    masked_step(optimizer, plain.params, idle)
+    assert torch.equal(fused.params, plain.params)
+    assert not torch.equal(masked_step_rows, plain.params)
+    with pytest.raises(ValueError, match="block_rows"):
+        BlockedOptimizer(fused, fused.params, torch.optim.SGD, block_rows=0)
+    with pytest.raises(ValueError, match="grads"):
+        trainer.step_with(grads[:3])
+
+
+def test_gradients_and_gather_mix_write_into_a_reused_buffer() -> None:
+    peers = BatchedPeers(mlp, 7, init="independent", seed=4)
+    x, y = data(7, 8, seed=3)
+    _, grads = peers.gradients(x, y)
+    for block_rows in (None, 3):
+        buffer = torch.full_like(peers.params, float("nan"))
+        _, written = peers.gradients(x, y, block_rows=block_rows, out=buffer)
+        assert written is buffer
+        assert torch.equal(buffer, grads)
+    with pytest.raises(ValueError, match="out: must be a contiguous"):
+        peers.gradients(x, y, out=torch.empty(7, peers.dim + 1))
+    values = torch.randn(4, 5)
+    expected = gather_mix(values, _Table, WeightedMean())
+    out = torch.full_like(values, float("nan"))
+    assert gather_mix(values, _Table, WeightedMean(), chunk_rows=3, out=out) is out
+    torch.testing.assert_close(out, expected)
+    whole = torch.empty_like(values)
+    assert gather_mix(values, _Table, WeightedMean(), out=whole) is whole
+    torch.testing.assert_close(whole, expected)
+    with pytest.raises(ValueError, match="out: must be a separate buffer"):
+        gather_mix(values, _Table, WeightedMean(), chunk_rows=3, out=values)
