@@ -185,8 +185,10 @@ class SynchronousGossip:
                 x, y = ctx.batch()
                 if position + 1 < len(phases) and phases[position + 1] == "step":
                     losses = self.trainer.step(x, y, alive)  # the step phase is done here
-                else:
-                    losses, grads = ctx.peers.gradients(x, y, self.parameters)
+                else:  # kept for a later step phase, in the trainer's reused buffer
+                    losses, grads = ctx.peers.gradients(
+                        x, y, self.parameters, out=self.trainer.grads
+                    )
             elif phase == "step":
                 if position > 0 and phases[position - 1] == "gradient":
                     local_steps += 1
