@@ -152,6 +152,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--status-every", type=int, default=50, help="steps between status lines")
     run.add_argument("--address-file", help="write HOST:PORT here once listening (for scripts)")
     run.add_argument(
+        "--hold",
+        action="store_true",
+        help="after --steps, keep serving neighbours (not training) until SIGTERM/SIGINT",
+    )
+    run.add_argument(
         "--wait-for-peers",
         type=int,
         default=0,
@@ -356,11 +361,14 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
             temp = Path(args.address_file + ".tmp")
             temp.write_text(peer.address)
             temp.replace(args.address_file)
-        if args.wait_for_peers:
-            await peer.wait_for_members(args.wait_for_peers)
-        target = peer.step + args.steps if args.steps else None
         stopping = asyncio.ensure_future(stop.wait())
-        while target is None or peer.step < target:
+        if args.wait_for_peers:
+            waiting = asyncio.ensure_future(peer.wait_for_members(args.wait_for_peers))
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        target = peer.step + args.steps if args.steps else None
+        while not stop.is_set() and (target is None or peer.step < target):
             chunk = (
                 args.status_every if target is None else min(args.status_every, target - peer.step)
             )
@@ -373,6 +381,9 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
             training.result()
             if not live:
                 print(json.dumps(_status_line(peer, rate)), flush=True)
+        if args.hold and not stop.is_set():
+            print(json.dumps({**_status_line(peer, rate), "holding": True}), flush=True)
+            await stopping
         stopping.cancel()
     finally:
         if progress is not None:

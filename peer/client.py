@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -51,6 +52,8 @@ class PeerClient:
         timeout_s: total time allowed per call (connect, send, receive).
         max_body_bytes: cap on any response body (the model-derived cap).
         ssl_context: client TLS context; when given, peers are called over ``https``.
+        on_bytes: called as ``on_bytes("out", n)`` / ``on_bytes("in", n)`` with the body
+            bytes of every request sent and response read (traffic accounting).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class PeerClient:
         timeout_s: float,
         max_body_bytes: int,
         ssl_context: ssl.SSLContext | None = None,
+        on_bytes: Callable[[str, int], None] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -69,6 +73,7 @@ class PeerClient:
         self.ssl_context = ssl_context
         self.scheme = "https" if ssl_context is not None else "http"
         self._session: aiohttp.ClientSession | None = None
+        self.on_bytes = on_bytes
 
     async def __aenter__(self) -> PeerClient:
         return self
@@ -115,6 +120,9 @@ class PeerClient:
                 response_headers = response.headers
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
             raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
+        if self.on_bytes is not None:
+            self.on_bytes("out", len(body))
+            self.on_bytes("in", len(data))
         if status >= 500:
             raise PeerUnavailable(address, f"HTTP {status}")
         if status >= 400:  # a refusal: nothing is applied, so it need not be signed

@@ -255,6 +255,10 @@ class Swarm:
             "--wait-for-peers", str(args.peers - 1),
             "--eval-out", str(self.directory / f"peer-{index}.eval.json"),
         ]  # fmt: skip
+        if args.algorithm in (None, "ad-psgd") and args.mode in (None, "async"):
+            # Finished peers keep answering until every peer is done (then SIGTERM), so
+            # no straggler ends its run averaging with nobody.
+            flags.append("--hold")
         if args.checkpoint_every:
             flags += ["--checkpoint-dir", str(self.directory / f"peer-{index}.checkpoints")]
         if self.peer_file is not None:
@@ -278,6 +282,7 @@ class Swarm:
             )
         if self.group is None:
             self.group = process.pid
+        (self.directory / f"{peer_id}.pid").write_text(f"{process.pid}\n")
         client_only = "--client-only" in extra
         peer = PeerProcess(index, peer_id, process, self.directory, client_only)
         self.peers.append(peer)
@@ -317,8 +322,13 @@ class Centralized:
     error: str | None = None
 
 
-def train_centralized(args: argparse.Namespace, dataset: str, result: Centralized) -> None:
-    """Train the reference model in this process (one thread, the launcher is idle anyway)."""
+def train_centralized(
+    args: argparse.Namespace, dataset: str, result: Centralized, stop: threading.Event | None = None
+) -> None:
+    """Train the reference model in this process (one thread; the launcher is idle anyway).
+
+    Setting ``stop`` ends it early (Ctrl-C): ``result.error`` then says so.
+    """
     try:
         import torch
 
@@ -332,6 +342,9 @@ def train_centralized(args: argparse.Namespace, dataset: str, result: Centralize
         indices = torch.arange(int(data.y_train.shape[0]))
         batches = peer_batches(data, indices, batch_size=batch, seed=args.seed, peer=args.peers)
         for _, (x, y) in zip(range(args.steps), batches, strict=False):
+            if stop is not None and stop.is_set():
+                result.error = "stopped before the end"
+                return
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
@@ -367,6 +380,11 @@ async def _poll(session: aiohttp.ClientSession, peer: PeerProcess) -> None:
         peer.rate = max(0.0, (total - peer.last_bytes[1]) / (now - peer.last_bytes[0]))
     peer.last_bytes = (now, total)
     peer.status = status
+
+
+def _finished(peer: PeerProcess, steps: int) -> bool:
+    """Exited, or reached ``steps`` (a holding peer waits for the launcher's SIGTERM)."""
+    return peer.process.poll() is not None or int(peer.status.get("step", 0)) >= steps
 
 
 def _neighbours(status: dict[str, Any]) -> int:
@@ -419,6 +437,8 @@ async def _watch(swarm: Swarm, mode: str, stop: asyncio.Event) -> None:
         try:
             while swarm.alive() and not stop.is_set():
                 await asyncio.gather(*(_poll(session, p) for p in swarm.peers))
+                if all(_finished(p, swarm.args.steps) for p in swarm.peers):
+                    break
                 if live is not None:
                     live.update(_table(swarm), refresh=True)
                 elif mode == "lines" and time.monotonic() - last_line >= 5.0:
@@ -440,7 +460,10 @@ async def _watch(swarm: Swarm, mode: str, stop: asyncio.Event) -> None:
 # --------------------------------------------------------------------------- run
 
 
-def _wait_for_address(peer: PeerProcess, timeout_s: float = 120.0) -> str:
+async def _wait_for_address(
+    peer: PeerProcess, stop: asyncio.Event, timeout_s: float = 120.0
+) -> str | None:
+    """The bootstrap's ``HOST:PORT`` once it listens; ``None`` if ``stop`` is set first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = _read(peer.address_file).strip()
@@ -448,7 +471,10 @@ def _wait_for_address(peer: PeerProcess, timeout_s: float = 120.0) -> str:
             return text
         if peer.process.poll() is not None:
             raise RuntimeError(f"{peer.peer_id} exited before listening: {peer.last_error()}")
-        time.sleep(0.05)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+        if stop.is_set():
+            return None
     raise RuntimeError(f"{peer.peer_id} did not start listening within {timeout_s:.0f} s")
 
 
@@ -472,14 +498,9 @@ async def _launch(swarm: Swarm, args: argparse.Namespace, progress: str) -> bool
     else:
         bootstrap = swarm.spawn(0, extras[0])
         assert first_listening
-        waiting = asyncio.ensure_future(asyncio.to_thread(_wait_for_address, bootstrap))
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if stop.is_set():
-            waiting.cancel()
+        address = await _wait_for_address(bootstrap, stop)
+        if address is None:
             return True
-        address = waiting.result()
         for index in range(1, args.peers):
             swarm.spawn(index, [*extras[index], "--join", address])
     if progress != "none" and progress != "live":
@@ -574,8 +595,9 @@ def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = Fa
         directory = Path(tempfile.mkdtemp(prefix="gossipnet-launch-"))
     swarm = Swarm(args, directory)
     centralized = Centralized()
+    halt = threading.Event()
     reference = threading.Thread(
-        target=train_centralized, args=(args, dataset, centralized), daemon=True
+        target=train_centralized, args=(args, dataset, centralized, halt), daemon=True
     )
     reference.start()
     interrupted = False
@@ -585,7 +607,9 @@ def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = Fa
     except RuntimeError as error:
         failed = str(error)
     finally:
-        swarm.stop(GRACE_S if interrupted or failed else 1.0)
+        if interrupted or failed:
+            halt.set()
+        swarm.stop(GRACE_S)
     reference.join()
     results = _results(swarm, centralized)
     _print_results(results, args)

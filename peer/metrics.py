@@ -19,7 +19,7 @@ class PeerMetrics:
         labels = {"peer": peer_id}
         self.bytes = Counter(
             "gossipnet_bytes",
-            "Body bytes exchanged with neighbours",
+            "Body bytes exchanged with neighbours (calls served and calls made)",
             ["direction"],
             registry=self.registry,
         ).labels

@@ -213,6 +213,7 @@ class Peer:
             timeout_s=config.request_timeout_s,
             max_body_bytes=self.max_body_bytes,
             ssl_context=client_context,
+            on_bytes=lambda direction, n: self.metrics.bytes(direction=direction).inc(n),
         )
         if not config.client_only:
             server_context = None

@@ -138,7 +138,10 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
         ),
         (["--id", "a", "--steps", "-1"], "--steps must be >= 0"),
         (["--id", "a", "--client-only"], "join must name at least one peer"),
-        (["--id", "a", "--round-deadline-s", "0"], "--round-deadline-s must be a finite number > 0"),
+        (
+            ["--id", "a", "--round-deadline-s", "0"],
+            "--round-deadline-s must be a finite number > 0",
+        ),
         (["--id", "a", "--secret-file", "/nonexistent/secret"], "No such file"),
         (["--id", "a", "--dataset", "nosuch"], "nosuch"),
     ],
@@ -182,10 +185,18 @@ def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str])
     [
         (["127.0.0.1:7001", "127.0.0.1:7002"], ["--rank", "2"], "--rank must be in [0, 2)"),
         (["127.0.0.1:7001", "nonsense"], ["--rank", "0"], "line 3 must be HOST:PORT"),
-        (["127.0.0.1:7001", "127.0.0.1:7001"], ["--rank", "0"], "line 3: 127.0.0.1:7001 is listed twice"),
+        (
+            ["127.0.0.1:7001", "127.0.0.1:7001"],
+            ["--rank", "0"],
+            "line 3: 127.0.0.1:7001 is listed twice",
+        ),
         (["127.0.0.1:7001"], ["--rank", "0"], "must list at least 2 HOST:PORT lines, got 1"),
         (["127.0.0.1:7001", "127.0.0.1:7002"], [], "--peers FILE needs --rank"),
-        (["127.0.0.1:7001", "127.0.0.1:7002"], ["--rank", "0", "--topology", "nosuch"], "--topology"),
+        (
+            ["127.0.0.1:7001", "127.0.0.1:7002"],
+            ["--rank", "0", "--topology", "nosuch"],
+            "--topology",
+        ),
         (
             ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"],
             ["--rank", "0", "--topology", "random-regular:degree=5"],

@@ -1,0 +1,176 @@
+"""``gossipnet launch``, ``demo`` and ``status`` as real OS processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import started_peer
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One MNIST-1D cache for the module (the launcher generates it, peers read it)."""
+    return str(tmp_path_factory.mktemp("gossipnet-cache"))
+
+
+def gossipnet(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gossipnet", *args]
+
+
+def environment(cache: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "GOSSIPNET_SECRET"}
+    return {**env, "GOSSIPNET_CACHE": cache}
+
+
+def final_status(path: Path) -> dict[str, Any]:
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
+    tmp_path: Path, cache: str
+) -> None:
+    result = subprocess.run(
+        gossipnet("launch", "--peers", "4", "--client-only", "1", "--steps", "300",
+                  "--dataset", "mnist1d:num_samples=4000", "--dir", str(tmp_path), "--json"),
+        capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=110,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads(result.stdout.splitlines()[-1])
+    reference = results["centralized"]["test_accuracy"]
+    accuracies = [peer["test_accuracy"] for peer in results["peers"]]
+    assert reference > 0.45  # far above chance (0.1)
+    assert [peer["step"] for peer in results["peers"]] == [300] * 4
+    assert min(accuracies) > reference - 0.08, (accuracies, reference)
+    assert sum(accuracies) / 4 > reference - 0.05, (accuracies, reference)
+    assert results["centralized"]["samples"] == 300 * 4 * 32
+    # The client-only peer listened nowhere yet exchanged with the swarm both ways,
+    # and the listening peers knew it.
+    client = final_status(tmp_path / "peer-3.out")
+    assert not (tmp_path / "peer-3.address").exists()
+    assert client["bytes_in"] > 0 and client["bytes_out"] > 0 and client["neighbours"]
+    seen_by = [
+        i for i in range(3) if "peer-3" in final_status(tmp_path / f"peer-{i}.out")["neighbours"]
+    ]
+    assert seen_by
+    assert "centralized" in result.stdout and "vs centralized" in result.stdout
+    secret = tmp_path / "swarm.secret"
+    assert secret.stat().st_mode & 0o077 == 0 and len(secret.read_text()) == 64
+
+
+def step_of(address: str) -> int:
+    with urllib.request.urlopen(f"http://{address}/v1/status", timeout=5) as response:
+        return int(json.loads(response.read())["step"])
+
+
+def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: str) -> None:
+    launcher = subprocess.Popen(
+        gossipnet("launch", "--peers", "3", "--steps", "1000000", "--dataset",
+                  "synthetic:num_samples=600", "--dir", str(tmp_path), "--progress", "lines"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(cache), cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            files = [tmp_path / f"peer-{i}.pid" for i in range(3)]
+            if all(f.exists() for f in files) and (tmp_path / "peer-2.address").exists():
+                break
+            assert launcher.poll() is None, launcher.communicate()
+            time.sleep(0.1)
+        pids = [int((tmp_path / f"peer-{i}.pid").read_text()) for i in range(3)]
+        for i in range(3):  # every peer is training
+            address = (tmp_path / f"peer-{i}.address").read_text()
+            while step_of(address) < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for i in range(3):  # each stopped cleanly: a final line and an evaluation
+        assert final_status(tmp_path / f"peer-{i}.out")["stopped"] is True
+        assert json.loads((tmp_path / f"peer-{i}.eval.json").read_text())["step"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["launch", "--peers", "1"], "--peers must be an integer in [2, 64], got 1"),
+        (
+            ["launch", "--peers", "3", "--client-only", "3"],
+            "--client-only must be in [0, --peers=3)",
+        ),
+        (
+            ["launch", "--topology", "ring", "--client-only", "1"],
+            "--client-only cannot be combined",
+        ),
+        (["launch", "--steps", "0"], "--steps must be >= 1"),
+        (["launch", "--dataset", "nosuch"], "--dataset: unknown dataset 'nosuch'"),
+        (["demo", "--lr", "-1"], "--lr must be a finite number > 0"),
+        (["demo", "--peers", "x"], "--peers: invalid int value: 'x'"),
+        (["status"], "the following arguments are required: URL"),
+        (["status", "ftp://127.0.0.1:7000"], "URL scheme must be http or https"),
+        (["status", "127.0.0.1"], "URL must be HOST:PORT"),
+        (["status", "http://127.0.0.1:7000/v1/peers"], "with no path"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_clear_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gossipnet.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_status_of_an_unreachable_peer_exits_1(cache: str) -> None:
+    result = subprocess.run(
+        gossipnet("status", "127.0.0.1:1", "--timeout-s", "2"),
+        capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith(
+        "gossipnet status: error: cannot reach http://127.0.0.1:1/v1/status"
+    )
+
+
+async def _status_cli(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *gossipnet("status", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_status_of_a_running_peer_readable_and_json() -> None:
+    async with started_peer("a") as a, started_peer("b", seed=1, join=(str(a.address),)) as b:
+        await b.run(steps=3)
+        code, out, err = await _status_cli(f"http://{a.address}")
+        assert code == 0, err
+        assert out.splitlines()[0] == f"peer a  ({a.address}, ad-psgd, protocol v1)"
+        assert "neighbours (1):" in out and "b " in out and "alive" in out
+        code, out, err = await _status_cli(str(a.address), "--json")
+        assert code == 0, err
+        status = json.loads(out)
+        assert status["id"] == "a" and status["neighbours"][0]["id"] == "b"
+        assert status["bytes_in"] > 0 and status["algorithm"] == "ad-psgd"
