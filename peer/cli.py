@@ -447,10 +447,13 @@ async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
         )
 
     with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
-        while not stop.is_set():
+        try:
+            while not stop.is_set():
+                live.update(line(), refresh=True)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+        finally:  # the last frame stays on screen: the final state
             live.update(line(), refresh=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
 
 
 def human_bytes(value: float) -> str:

@@ -231,3 +231,20 @@ def test_missing_peer_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
              "gossipnet peer")  # fmt: skip
     assert info.value.code == 2
     assert f"--peers: cannot read {missing}" in capsys.readouterr().err
+
+
+def test_live_progress_line_and_json_logs_on_stderr() -> None:
+    result = subprocess.run(
+        gossipnet("--id", "a", "--steps", "30", "--progress", "live", "--log-json",
+                  "--log-level", "info", *WORKLOAD),
+        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=100,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    logs = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert {"time", "level", "logger", "message"} <= set(logs[0])
+    assert any(entry["message"].startswith("peer a started at 127.0.0.1:") for entry in logs)
+    live = [line for line in result.stderr.splitlines() if line.startswith("peer a  step")]
+    assert live[-1].startswith("peer a  step 30  loss ") and "neighbours 0" in live[-1]
+    assert live[-1].endswith("B/s")
+    assert len(status_lines(result.stdout)) == 1
+    assert status_lines(result.stdout)[-1]["stopped"] is True  # no periodic lines when live
