@@ -71,16 +71,13 @@ def sgd(params: torch.Tensor) -> torch.optim.Optimizer:
     return build_optimizer(params, "sgd", lr=0.05, momentum=0.9)
 
 
-def vectorized(n: int, batch: int, steps: int) -> tuple[float, float, float]:
-    """Best seconds per step of all n peers over ``steps`` timed steps after a warm-up (the
-    machine is shared; the fastest step is the least disturbed): (fused train = gradient +
-    optimizer per block, mix, unfused train = all gradients, then one optimizer step)."""
+def fused(n: int, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], list[float]]:
+    """Seconds of each step after the first: (fused gradient + step, mixing into a buffer)."""
     peers = BatchedPeers(model, n, seed=0)
     trainer = BlockedOptimizer(peers, peers.params, sgd)
     table = ring_table(n)
     rule = WeightedMean()
     chunk = rows_for_budget(n, table.width, peers.dim)
-    data = batches(n, batch, steps + 1)
     mixed = torch.empty_like(peers.params)
     train, mix = [], []
     for step, (x, y) in enumerate(data):
@@ -92,6 +89,15 @@ def vectorized(n: int, batch: int, steps: int) -> tuple[float, float, float]:
         if step > 0:
             train.append(middle - start)
             mix.append(time.perf_counter() - middle)
+    return train, mix
+
+
+def vectorized(n: int, batch: int, steps: int) -> tuple[float, float, float]:
+    """Best seconds per step of all n peers over ``steps`` timed steps after a warm-up (the
+    machine is shared; the fastest step is the least disturbed): (fused train = gradient +
+    optimizer per block, mix, unfused train = all gradients, then one optimizer step)."""
+    data = batches(n, batch, steps + 1)
+    train, mix = fused(n, data)
     unfused = BatchedPeers(model, n, seed=0)
     optimizer = sgd(unfused.params)
     plain = []
@@ -131,8 +137,8 @@ def naive(n: int, batch: int, steps: int) -> tuple[float, float]:
 
 
 def peak_memory_child(n: int, batch: int) -> None:
-    """Run two vectorized steps of n peers (fused and unfused) and print the peak RSS in bytes."""
-    vectorized(n, batch, 1)
+    """Run two fused vectorized steps of n peers and print the peak RSS in bytes."""
+    fused(n, batches(n, batch, 2))
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
