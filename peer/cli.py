@@ -36,16 +36,17 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import consensus
 from peer.codecs import DENSE_CODECS
-from peer.config import ALGORITHMS, MODES, ORDERS, SIMULATOR_ONLY, PeerConfig
+from peer.config import ALGORITHMS, MODES, ORDERS, SIMULATOR_ONLY, PeerConfig, resolve_device
 from peer.node import Peer
-from peer.topology import read_peer_list, topology_names
+from peer.topology import TopologyNeighbours, read_peer_list, topology_names
 from workloads import Dataset, build_model, load_dataset, partition, peer_batches
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
@@ -335,11 +336,29 @@ def _build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dat
         seed=args.seed,
         peer=args.peer_index,
     )
-    try:
-        peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
-    except ValueError as error:  # device, topology: checked when the peer is built
-        name = "--device" if "device" in str(error) else "--topology"
-        raise ValueError(f"{name}: {error}") from None
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("--aggregator", lambda: consensus.build(config.aggregator)),
+        ("--device", lambda: resolve_device(config.device)),
+    ]
+    if config.topology is not None:
+        checks.append(
+            (
+                "--topology",
+                lambda: TopologyNeighbours(
+                    str(config.topology),
+                    config.peer_list,
+                    config.rank or 0,
+                    weights=config.topology_weights,
+                    seed=config.seed,
+                ),
+            )
+        )
+    for flag, check in checks:  # checked when a peer is built; named by flag here
+        try:
+            check()
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{flag}: {error}") from None
+    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
     return peer, data
 
 

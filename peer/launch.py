@@ -153,6 +153,58 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         shlex.split(args.peer_args)
     except ValueError as error:
         parser.error(f"--peer-args must be shell-quoted flags: {error}")
+    _check_peer_options(args, parser)
+
+
+def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The options every peer gets, checked here: one clear line now, not N failed peers."""
+    import consensus
+    from peer.cli import flag_message
+    from peer.codecs import build_codec
+    from peer.config import PeerConfig
+    from peer.topology import TopologyNeighbours
+
+    if args.mode is not None and ALGORITHMS.get(args.algorithm, args.mode) != args.mode:
+        parser.error(f"--mode {args.mode} contradicts --algorithm {args.algorithm}")
+    options: dict[str, Any] = {
+        "algorithm": args.algorithm,
+        "mode": args.mode or "async",
+        "aggregator": args.aggregator or "mean",
+        "codec": args.compress or "none",
+        "local_steps": args.local_steps if args.local_steps is not None else 1,
+        "fanout": args.fanout if args.fanout is not None else 1,
+        "round_deadline_s": args.round_deadline_s if args.round_deadline_s is not None else 5.0,
+        "device": args.device or "cpu",
+        "seed": args.seed,
+    }
+    checks: list[tuple[str, Any]] = [
+        ("", lambda: PeerConfig(peer_id="peer-0", **options)),
+        ("--compress", lambda: build_codec(options["codec"])),
+        ("--aggregator", lambda: consensus.build(options["aggregator"])),
+    ]
+    if args.topology:
+        addresses = [f"127.0.0.1:{7000 + i}" for i in range(args.peers)]
+        checks.append(
+            (
+                "--topology",
+                lambda: TopologyNeighbours(
+                    args.topology, addresses, 0, weights=args.topology_weights, seed=args.seed
+                ),
+            )
+        )
+    for flag, check in checks:
+        try:
+            check()
+        except (ValueError, TypeError) as error:
+            message = flag_message(error)
+            parser.error(message if message.startswith("--") else f"{flag}: {message}")
+    if args.device and args.device != "cpu":
+        from peer.config import resolve_device
+
+        try:
+            resolve_device(args.device)
+        except ValueError as error:
+            parser.error(f"--device: {error}")
 
 
 # --------------------------------------------------------------------------- processes

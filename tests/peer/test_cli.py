@@ -132,6 +132,7 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
         (["--id", "a", "--max-concurrent-exchanges", "0"], "--max-concurrent-exchanges must be"),
         (["--id", "a", "--topology", "ring"], "--topology and --rank need --peers FILE"),
         (["--id", "a", "--log-level", "loud"], "--log-level: invalid choice"),
+        (["--id", "a", "--aggregator", "nosuch"], "--aggregator: unknown aggregator 'nosuch'"),
         (
             ["--id", "a", "--peer-index", "2", "--num-peers", "2"],
             "--peer-index must be in [0, --num-peers=2)",
