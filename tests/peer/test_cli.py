@@ -249,3 +249,24 @@ def test_live_progress_line_and_json_logs_on_stderr() -> None:
     assert live[-1].endswith("B/s")
     assert len(status_lines(result.stdout)) == 1
     assert status_lines(result.stdout)[-1]["stopped"] is True  # no periodic lines when live
+
+
+def test_ctrl_c_stops_a_peer_cleanly_like_sigterm(tmp_path: Path) -> None:
+    address_file = tmp_path / "a.address"
+    checkpoints = tmp_path / "checkpoints"
+    running = subprocess.Popen(
+        gossipnet("--id", "a", "--address-file", str(address_file), "--checkpoint-dir",
+                  str(checkpoints), "--status-every", "5", *WORKLOAD),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=ROOT,
+    )  # fmt: skip
+    try:
+        wait_for_file(address_file, running)
+        running.send_signal(signal.SIGINT)
+        out, err = running.communicate(timeout=60)
+    finally:
+        running.kill()
+    assert running.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    final = status_lines(out)[-1]
+    assert final["stopped"] is True
+    assert list(checkpoints.glob("checkpoint-*.safetensors"))  # the final checkpoint
