@@ -21,16 +21,19 @@ gradient, exchange, step). The exchange is
   preserved under any interleaving.
 * ``mode="sync"`` -- D-PSGD rounds (Lian et al., NeurIPS 2017) through
   ``gossip.DecentralizedSGD.combine``: x_i <- w_ii x_i + sum_j w_ij x_j with
-  uniform w_ij = 1/(k+1) over the k known members; each pair does one round trip
+  uniform w_ij = 1/(k+1) over the k known members, or with ``PeerConfig.topology``
+  row i of the topology's W_t (:mod:`peer.topology`); each pair does one round trip
   (the smaller id calls; the callee stores the caller's round-t model and answers
   with its own round-t model once it has one); neighbours that miss
   ``round_deadline_s`` are masked out, so their weight folds into the self
   weight (consensus's mask convention).
 
 Model copies held (d = parameter count; an edge device sizes for these): the
-model itself, the flat gradient, the optimizer's state, one snapshot per
-outgoing exchange in flight (async: 1), the received vector being mixed, and in
-sync mode up to two rounds of each neighbour's model in the inbox (2k).
+model itself, the flat gradient, the optimizer's state, the reused send buffer
+and its request body, the answer being mixed, three per exchange served (at
+most ``max_concurrent_exchanges`` at once: the server answers ``409 busy``
+beyond it before reading the body), and in sync mode up to two rounds of each
+neighbour's model in the inbox (2k). docs/protocol.md counts them.
 """
 
 from __future__ import annotations
