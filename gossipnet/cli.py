@@ -10,6 +10,7 @@ simulator's extras still runs ``gossipnet peer``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,59 +22,60 @@ SubcommandMain = Callable[[Sequence[str], str], int]
 
 @dataclass(frozen=True)
 class Subcommand:
+    """One ``gossipnet`` subcommand: its name, one-line summary and ``module:function``."""
+
     name: str
     summary: str
-    load: Callable[[], SubcommandMain]
+    target: str
 
-
-def _topology() -> SubcommandMain:
-    from topologies.cli import main
-
-    return main
+    def load(self) -> SubcommandMain:
+        module, _, function = self.target.partition(":")
+        entry: SubcommandMain = getattr(importlib.import_module(module), function)
+        return entry
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     s.name: s
     for s in [
         Subcommand(
-            "topology",
-            "build a topology, print its degree, diameter, spectral gap and rounds to consensus",
-            _topology,
-        ),
-        Subcommand(
-            "sim",
-            "simulate n peers: run an experiment TOML, or compare algorithms on it",
-            lambda: __import__("sim.cli", fromlist=["main"]).main,
-        ),
-        Subcommand(
-            "workloads",
-            "list data sets, partitions and models, or inspect one setup (sizes, skew, parameters)",
-            lambda: __import__("workloads.cli", fromlist=["main"]).main,
-        ),
-        Subcommand(
-            "consensus",
-            "list aggregation rules and attacks with their parameters, or check a spec string",
-            lambda: __import__("consensus.cli", fromlist=["main"]).main,
+            "demo",
+            "a 4-peer swarm on MNIST-1D in about a minute (launch with good defaults)",
+            "peer.launch:demo_main",
         ),
         Subcommand(
             "peer",
             "run one networked peer: listen, join a swarm, train on a shard, gossip",
-            lambda: __import__("peer.cli", fromlist=["main"]).main,
+            "peer.cli:main",
         ),
         Subcommand(
             "launch",
             "run a local swarm of N peer processes: live table, accuracy vs centralized",
-            lambda: __import__("peer.launch", fromlist=["main"]).main,
-        ),
-        Subcommand(
-            "demo",
-            "a 4-peer swarm on MNIST-1D in about a minute (launch with good defaults)",
-            lambda: __import__("peer.launch", fromlist=["demo_main"]).demo_main,
+            "peer.launch:main",
         ),
         Subcommand(
             "status",
             "show a running peer's /v1/status (readable, or --json)",
-            lambda: __import__("peer.status", fromlist=["main"]).main,
+            "peer.status:main",
+        ),
+        Subcommand(
+            "sim",
+            "simulate n peers: run an experiment TOML, or compare algorithms on it",
+            "sim.cli:main",
+        ),
+        Subcommand(
+            "topology",
+            "build a topology, print its degree, diameter, spectral gap and rounds to consensus",
+            "topologies.cli:main",
+        ),
+        Subcommand(
+            "consensus",
+            "list aggregation rules and attacks with their parameters, or check a spec string",
+            "consensus.cli:main",
+        ),
+        Subcommand(
+            "workloads",
+            "list data sets, partitions and models, or inspect one setup (sizes, skew, parameters)",
+            "workloads.cli:main",
         ),
     ]
 }

@@ -56,3 +56,10 @@ def test_packages_do_not_pull_in_matplotlib(package: str) -> None:
     result = run(sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_every_subcommand_resolves_to_a_main_function() -> None:
+    from gossipnet.cli import SUBCOMMANDS
+
+    for command in SUBCOMMANDS.values():
+        assert callable(command.load()), command.target
