@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -126,7 +127,7 @@ class PeerConfig:
     port: int = 0
     advertise: str | None = None
     client_only: bool = False
-    join: tuple[str, ...] = ()
+    join: Sequence[str] = ()
     fetch_state: bool = True
     mode: Mode = "async"
     order: str = "combine-then-adapt"
@@ -169,8 +170,11 @@ class PeerConfig:
         _int("port", self.port, 0, 65535)
         if self.advertise is not None:
             check_address(self.advertise, field="PeerConfig.advertise")
-        if not isinstance(self.join, tuple):
-            raise ValueError(f"PeerConfig.join must be a tuple of HOST:PORT, got {self.join!r}")
+        if isinstance(self.join, str) or not isinstance(self.join, tuple | list):
+            raise ValueError(
+                f"PeerConfig.join must be a list or tuple of HOST:PORT strings, got {self.join!r}"
+            )
+        object.__setattr__(self, "join", tuple(self.join))
         for address in self.join:
             check_address(address, field="PeerConfig.join entry")
         if self.mode not in MODES:

@@ -30,7 +30,7 @@ from .conftest import started_peer
         ("request_timeout_s", float("nan"), "request_timeout_s"),
         ("evict_after", 0, "evict_after"),
         ("join", ("nohost",), "join entry must be HOST:PORT"),
-        ("join", ["127.0.0.1:1"], "join must be a tuple"),
+        ("join", "127.0.0.1:1", "join must be a list or tuple"),
         ("secret", b"short", "secret"),
         ("max_body_factor", 0.5, "max_body_factor"),
         ("checkpoint_every", 5, "checkpoint_dir is required"),
@@ -41,6 +41,11 @@ from .conftest import started_peer
 def test_config_errors_name_the_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PeerConfig(**{"peer_id": "a", field: value})  # type: ignore[arg-type]
+
+
+def test_config_join_accepts_a_list_and_keeps_a_tuple() -> None:
+    config = PeerConfig(peer_id="edge-7", join=["127.0.0.1:7000"], client_only=True)
+    assert config.join == ("127.0.0.1:7000",)
 
 
 def test_config_defaults_are_valid() -> None:
