@@ -27,7 +27,8 @@ from gossip.algorithms import (
 )
 from gossip.compression import build_compressor
 from gossip.flat import FlatParameters, ParameterLayout
-from tests.gossip._tables import (
+
+from ._tables import (
     Table,
     complete_uniform,
     directed_exponential,
