@@ -31,9 +31,10 @@ def _edge_array(graph: nx.Graph) -> tuple[int, np.ndarray, np.ndarray]:
     return n, edges[:, 0], edges[:, 1]
 
 
-def _assemble(
+def assemble_matrix(
     n: int, receivers: np.ndarray, senders: np.ndarray, weights: np.ndarray, diagonal: np.ndarray
 ) -> sp.csr_array:
+    """W with W[receivers, senders] = weights and diag(W) = diagonal, duplicates summed."""
     node = np.arange(n, dtype=np.int64)
     matrix = sp.coo_array(
         (
@@ -62,7 +63,7 @@ def _symmetric_weights(graph: nx.Graph, scheme: str, edge_weight: EdgeWeight) ->
     degree = np.bincount(np.concatenate([u, v]), minlength=n).astype(np.float64)
     w = edge_weight(degree, u, v)
     off_diagonal = np.bincount(u, w, minlength=n) + np.bincount(v, w, minlength=n)
-    return _assemble(
+    return assemble_matrix(
         n,
         np.concatenate([u, v]),
         np.concatenate([v, u]),
@@ -112,7 +113,7 @@ def uniform(graph: nx.Graph) -> sp.csr_array:
             np.concatenate([receivers, senders]),
         )
     share = 1.0 / (1.0 + np.bincount(senders, minlength=n).astype(np.float64))
-    return _assemble(n, receivers, senders, share[senders], share)
+    return assemble_matrix(n, receivers, senders, share[senders], share)
 
 
 def lazy(matrix: sp.sparray) -> sp.csr_array:

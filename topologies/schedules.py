@@ -15,6 +15,7 @@ import scipy.sparse as sp
 
 from topologies.errors import TopologyError
 from topologies.graphs import _integer, _nodes, _seed
+from topologies.mixing import assemble_matrix
 from topologies.neighbours import NeighbourTable, neighbour_table
 
 
@@ -34,22 +35,6 @@ def _round(t: object) -> int:
     if value < 0:
         raise TopologyError("t", f"round t={value} must be >= 0")
     return value
-
-
-def _pairs_matrix(
-    n: int, receivers: np.ndarray, senders: np.ndarray, weights: np.ndarray, diagonal: np.ndarray
-) -> sp.csr_array:
-    node = np.arange(n, dtype=np.int64)
-    matrix = sp.coo_array(
-        (
-            np.concatenate([weights, diagonal]),
-            (np.concatenate([receivers, node]), np.concatenate([senders, node])),
-        ),
-        shape=(n, n),
-    ).tocsr()
-    matrix.sum_duplicates()
-    matrix.sort_indices()
-    return matrix
 
 
 class Static:
@@ -94,7 +79,7 @@ class OnePeerExponential:
     def mixing(self, t: int) -> sp.csr_array:
         node = np.arange(self.n, dtype=np.int64)
         half = np.full(self.n, 0.5)
-        return _pairs_matrix(self.n, node, (node + self.offset(t)) % self.n, half, half)
+        return assemble_matrix(self.n, node, (node + self.offset(t)) % self.n, half, half)
 
     def neighbour_table(self, t: int) -> NeighbourTable:
         return neighbour_table(self.mixing(t), width=1)
@@ -122,7 +107,7 @@ class RandomMatching:
         diagonal = np.ones(self.n)
         diagonal[pairs.ravel()] = 0.5
         half = np.full(2 * pairs.shape[0], 0.5)
-        return _pairs_matrix(
+        return assemble_matrix(
             self.n,
             np.concatenate([pairs[:, 0], pairs[:, 1]]),
             np.concatenate([pairs[:, 1], pairs[:, 0]]),
@@ -188,11 +173,11 @@ class RandomKOut:
         receivers = targets.ravel()
         if self.weights == "push-sum":
             share = np.full(senders.size, 1.0 / (self.k + 1))
-            return _pairs_matrix(
+            return assemble_matrix(
                 self.n, receivers, senders, share, np.full(self.n, 1.0 / (self.k + 1))
             )
         inverse = 1.0 / (1.0 + np.bincount(receivers, minlength=self.n))
-        return _pairs_matrix(self.n, receivers, senders, inverse[receivers], inverse)
+        return assemble_matrix(self.n, receivers, senders, inverse[receivers], inverse)
 
     def neighbour_table(self, t: int) -> NeighbourTable:
         return neighbour_table(self.mixing(t))
