@@ -127,6 +127,30 @@ def _mean_loss(losses: Tensor, rows: Tensor) -> float:
     return float(losses[rows].mean()) if bool(rows.any()) else float("nan")
 
 
+def _server_round(
+    ctx: Context, members: np.ndarray, compute: np.ndarray, steps: int, train_loss: float
+) -> RoundReport:
+    """Charge one exchange of ``members`` with a single (unsharded) server after ``steps``
+    local steps each: their slowest compute, then the server's incast."""
+    ctx.step_count[members] += steps
+    communication = parameter_server_time(
+        ctx.links,
+        ctx.model_bytes,
+        server_bandwidth=float(ctx.links.bandwidth.max()),
+        workers=members,
+    )
+    sent = np.zeros(ctx.n)
+    sent[members] = ctx.model_bytes
+    return RoundReport(
+        synchronous_round_time(compute[members], communication),
+        sent,
+        server_bytes=len(members) * ctx.model_bytes,
+        servers=1,
+        steps=len(members) * steps,
+        train_loss=train_loss,
+    )
+
+
 class Centralized:
     """One model trained on all data with the peers' combined batch, ``x <- x − η ∇f(x; ∪_i B_i)``:
     the accuracy ceiling. Its clock charges the n peers' batches to one machine (n·t_step)."""
@@ -354,24 +378,7 @@ class EASGD:
             difference = self.workers[members] - self.centre
             self.workers[members] -= self.alpha * difference
             self.centre += self.alpha * difference.sum(dim=0, keepdim=True)
-        index = members.numpy()
-        ctx.step_count[index] += self.period
-        communication = parameter_server_time(
-            ctx.links,
-            ctx.model_bytes,
-            server_bandwidth=float(ctx.links.bandwidth.max()),
-            workers=index,
-        )
-        sent = np.zeros(ctx.n)
-        sent[index] = ctx.model_bytes
-        return RoundReport(
-            synchronous_round_time(compute[index], communication),
-            sent,
-            server_bytes=len(index) * ctx.model_bytes,
-            servers=1,
-            steps=len(index) * self.period,
-            train_loss=_mean_loss(losses, alive),
-        )
+        return _server_round(ctx, members.numpy(), compute, self.period, _mean_loss(losses, alive))
 
     def models(self, ctx: Context) -> Tensor:
         return self.centre
@@ -417,23 +424,8 @@ class FedAvg:
         if index.numel():
             weights = self.sizes[index] / self.sizes[index].sum()
             self.model = (weights.unsqueeze(1) * clients[index]).sum(dim=0, keepdim=True)
-        members = index.numpy()
-        ctx.step_count[members] += self.local_steps
-        communication = parameter_server_time(
-            ctx.links,
-            ctx.model_bytes,
-            server_bandwidth=float(ctx.links.bandwidth.max()),
-            workers=members,
-        )
-        sent = np.zeros(ctx.n)
-        sent[members] = ctx.model_bytes
-        return RoundReport(
-            synchronous_round_time(compute[members], communication),
-            sent,
-            server_bytes=len(members) * ctx.model_bytes,
-            servers=1,
-            steps=len(members) * self.local_steps,
-            train_loss=_mean_loss(losses, chosen),
+        return _server_round(
+            ctx, index.numpy(), compute, self.local_steps, _mean_loss(losses, chosen)
         )
 
     def models(self, ctx: Context) -> Tensor:
