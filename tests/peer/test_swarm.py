@@ -58,11 +58,16 @@ async def test_async_pairwise_gossip_converges_to_the_initial_average() -> None:
 async def test_two_peers_calling_each_other_at_once_average_instead_of_swapping() -> None:
     async with AsyncExitStack() as stack:
         a, b = await swarm(stack, 2)
-        average = (a.flat.vector + b.flat.vector) / 2
+        total = a.flat.vector + b.flat.vector
+        distance = float((a.flat.vector - b.flat.vector).norm())
         done = await asyncio.gather(a.gossip(), b.gossip())
         assert 1 in done  # if the calls overlapped, p0 (smaller id) declined p1's call
-        torch.testing.assert_close(a.flat.vector, average)
-        torch.testing.assert_close(b.flat.vector, average)
+        # Two timings are correct. Overlapping calls: one side declines and the pair averages
+        # exactly once (distance 0). Back-to-back calls: the second callee averages with the
+        # caller's now-stale snapshot and the caller adds (answer - sent), which keeps the sum
+        # and halves the distance. A swap (the bug this guards) keeps the distance unchanged.
+        torch.testing.assert_close(a.flat.vector + b.flat.vector, total)
+        assert float((a.flat.vector - b.flat.vector).norm()) <= 0.5 * distance + 1e-5
 
 
 async def test_sync_round_on_a_complete_graph_reaches_the_average_in_one_round() -> None:
