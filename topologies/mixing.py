@@ -183,21 +183,15 @@ def validate_mixing(
         raise MixingMatrixError(
             f"entry ({int(coo.row[k])}, {int(coo.col[k])}) = {coo.data[k]:.6g} is negative"
         )
-    if row_stochastic:
-        sums = np.asarray(w.sum(axis=1)).ravel()
+    for label, axis, wanted in (("row", 1, row_stochastic), ("column", 0, column_stochastic)):
+        if not wanted:
+            continue
+        sums = np.asarray(w.sum(axis=axis)).ravel()
         bad = np.flatnonzero(np.abs(sums - 1.0) > tol)
         if bad.size:
             raise MixingMatrixError(
-                f"row {int(bad[0])} sums to {sums[bad[0]]:.12g}, not 1 (tol {tol:g}); "
-                f"{bad.size} row(s) off"
-            )
-    if column_stochastic:
-        sums = np.asarray(w.sum(axis=0)).ravel()
-        bad = np.flatnonzero(np.abs(sums - 1.0) > tol)
-        if bad.size:
-            raise MixingMatrixError(
-                f"column {int(bad[0])} sums to {sums[bad[0]]:.12g}, not 1 (tol {tol:g}); "
-                f"{bad.size} column(s) off"
+                f"{label} {int(bad[0])} sums to {sums[bad[0]]:.12g}, not 1 (tol {tol:g}); "
+                f"{bad.size} {label}(s) off"
             )
     if symmetric:
         diff = sp.csr_array(w - w.T).tocoo()
