@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from consensus.base import Rule
+from consensus.mean import WeightedMean, weighted_mean
 from gossip.flat import ParameterLayout
 from workloads.models import NotBatchableError, check_batchable
 
@@ -35,11 +36,14 @@ class ModelNotBatchableError(NotBatchableError):
 
 
 class NeighbourTableLike(Protocol):
-    """What :func:`gather_mix` reads from a ``topologies.NeighbourTable``."""
+    """What :func:`gather_mix` reads from a ``topologies.NeighbourTable`` (arrays or tensors)."""
 
-    index: np.ndarray
-    weight: np.ndarray
-    mask: np.ndarray
+    @property
+    def index(self) -> np.ndarray | Tensor: ...
+    @property
+    def weight(self) -> np.ndarray | Tensor: ...
+    @property
+    def mask(self) -> np.ndarray | Tensor: ...
 
 
 class AggregatorLike(Protocol):
@@ -129,7 +133,10 @@ class BatchedPeers:
                 stacked[i] = _flat(self.layout, _seeded_copy(factory, seed + i)).to(dtype)
         self.params: Tensor = stacked
         # differentiate w.r.t. per-parameter views of each row (not the flat row: the backward
-        # of n slices of one flat vector would zero-fill and add n full [n, d] buffers)
+        # of n slices of one flat vector would zero-fill and add n full [n, d] buffers).
+        # vmap(grad) rather than vmap(forward) + one backward of the summed losses: the latter
+        # returns every weight gradient transposed ([out, in] with strides of [in, out]), and
+        # flattening those costs more than it saves (measured for mlp-100k).
         self._grad_fn = vmap(grad_and_value(self._loss_of_views), in_dims=(0, 0, 0))
         self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
@@ -289,12 +296,32 @@ def build_optimizer(
     if weight_decay < 0:
         raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
     if name == "sgd":
-        return torch.optim.SGD(
-            [params], lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov
+        return _fused_if_supported(
+            torch.optim.SGD,
+            params,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
         )
     if name == "adam":
-        return torch.optim.Adam([params], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        return _fused_if_supported(
+            torch.optim.Adam, params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
     raise ValueError(f"optimizer: must be one of 'sgd', 'adam', got {name!r}")
+
+
+def _fused_if_supported(
+    kind: type[torch.optim.Optimizer], params: Tensor, **options: Any
+) -> torch.optim.Optimizer:
+    """``kind([params], fused=True)``: one pass over parameters, gradients and state per step
+    (the foreach form makes two to four passes over every ``[n, d]`` tensor, and at large n
+    those passes are memory-bound). Falls back to the default implementation where this torch
+    has no fused kernel for the device or dtype."""
+    try:
+        return kind([params], fused=True, **options)  # type: ignore[call-arg]
+    except (RuntimeError, TypeError, ValueError):
+        return kind([params], **options)
 
 
 def masked_step(optimizer: torch.optim.Optimizer, params: Tensor, active: Tensor | None) -> None:
@@ -465,20 +492,46 @@ def gather_mix(
         )
     stateful = keeps_state(aggregator)
     if chunk_rows is None or stateful or chunk_rows >= n:
-        mixed = aggregator(values, sent[index], weight, mask)
+        mixed = aggregator(values, gather_rows(sent, index), weight, mask)
     else:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows: must be >= 1, got {chunk_rows}")
         mixed = torch.empty_like(values) if out is None else out
+        # one gather buffer for every chunk: no fresh pages per chunk
+        linear = type(aggregator) is WeightedMean and mixed.is_contiguous()
+        scratch = sent.new_empty(chunk_rows * index.shape[1], sent.shape[1])
         for start in range(0, n, chunk_rows):
             rows = slice(start, start + chunk_rows)
-            mixed[rows] = aggregator(values[rows], sent[index[rows]], weight[rows], mask[rows])
+            received = gather_rows(sent, index[rows], out=scratch)
+            if linear:  # straight into the result rows: no temporary, no copy
+                weighted_mean(values[rows], received, weight[rows], mask[rows], out=mixed[rows])
+            else:
+                mixed[rows] = aggregator(values[rows], received, weight[rows], mask[rows])
     if alive is not None:
         mixed = torch.where(alive.unsqueeze(1), mixed, values)
     if out is not None and mixed is not out:
         out.copy_(mixed)
         return out
     return mixed
+
+
+def gather_rows(values: Tensor, index: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """``values[index]`` for ``values [n, *rest]`` and ``index [m, k]``: the ``[m, k, *rest]``
+    rows each receiver reads, by ``torch.index_select`` (several times faster than advanced
+    indexing on CPU), written into the front of ``out`` (at least ``m * k`` rows shaped like
+    those of ``values``) when given, so that a buffer can be reused."""
+    flat = index.reshape(-1)
+    rest = tuple(values.shape[1:])
+    if out is None:
+        rows = torch.index_select(values, 0, flat)
+    else:
+        if out.shape[0] < flat.numel() or tuple(out.shape[1:]) != rest:
+            raise ValueError(
+                f"out: needs at least {flat.numel()} rows of shape {rest}, "
+                f"got shape {tuple(out.shape)}"
+            )
+        rows = torch.index_select(values, 0, flat, out=out[: flat.numel()])
+    return rows.view(*index.shape, *rest)
 
 
 def keeps_state(aggregator: object) -> bool:

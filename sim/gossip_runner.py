@@ -26,11 +26,32 @@ import torch
 from torch import Tensor
 
 from consensus.attacks import ALittleIsEnough, Attack, alie_z
-from gossip.algorithms import GossipAlgorithm, pairwise_average
+from gossip.algorithms import (
+    DecentralizedSGD,
+    GossipAlgorithm,
+    GossipState,
+    pairwise_average,
+)
 from sim.algorithms import Context, RoundReport, _mean_loss
-from sim.engine import BlockedOptimizer, masked_step
+from sim.engine import (
+    BlockedOptimizer,
+    gather_mix,
+    gather_rows,
+    keeps_state,
+    masked_step,
+    rows_for_budget,
+)
 from sim.network import Event, asynchronous_gossip_events
 from topologies.schedules import Schedule
+
+
+@dataclass(frozen=True)
+class _Hood:
+    """One exchange's neighbour table as :func:`sim.engine.gather_mix` reads it."""
+
+    index: Tensor
+    weight: Tensor
+    mask: Tensor
 
 
 def _row_tensors(state: Any, n: int) -> list[Tensor]:
@@ -146,6 +167,7 @@ class SynchronousGossip:
     attack: Attack | None = None
     name: str = ""
     state: Any = field(default=None, init=False, repr=False)
+    _mixed: Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.algorithm.name
@@ -230,7 +252,25 @@ class SynchronousGossip:
         compressed = self.algorithm.compressor.compress(message, self.generator)
         self.wire_bytes = compressed.wire_bytes
         sent = compressed.values
-        received = sent[index]
+        if self._streams(ctx, sent):
+            # plain D-PSGD with a stateless rule: mix a cache-sized chunk of receivers at a
+            # time into a reused buffer (no [n, k, d] gather), then restore frozen rows.
+            # The same rule on the same rows as ``algorithm.combine``, so the same numbers.
+            x = self.state.x
+            assert isinstance(self.algorithm, DecentralizedSGD)  # checked by _streams
+            if self._mixed is None or self._mixed.shape != x.shape:
+                self._mixed = torch.empty_like(x)
+            chunk = rows_for_budget(ctx.n, int(index.shape[1]), int(x.shape[1]))
+            hood = _Hood(index, weights, mask)
+            mixed = gather_mix(
+                x, hood, self.algorithm.aggregator, sent=sent, chunk_rows=chunk, out=self._mixed
+            )
+            rows = frozen.nonzero().squeeze(1)
+            with torch.no_grad():
+                mixed[rows] = x[rows]
+                x.copy_(mixed)
+            return self._sent_bytes(ctx, index, listening, alive, compressed.wire_bytes)
+        received = gather_rows(sent, index)
         if self.attack is not None and bool(ctx.byzantine.any()):
             received = byzantine_messages(
                 self.attack, sent, received, index, weights, mask, ctx.byzantine
@@ -241,10 +281,29 @@ class SynchronousGossip:
         with torch.no_grad():
             for tensor, value in saved:
                 tensor[rows] = value
-        # bytes: each live sender transmits its payload once per receiver that listens to it
+        return self._sent_bytes(ctx, index, listening, alive, compressed.wire_bytes)
+
+    @staticmethod
+    def _sent_bytes(
+        ctx: Context, index: Tensor, listening: Tensor, alive: Tensor, wire_bytes: int
+    ) -> np.ndarray:
+        """Each live sender transmits its payload once per receiver that listens to it."""
         heard_by = listening & alive.unsqueeze(1)
         out_degree = np.bincount(index[heard_by].numpy(), minlength=ctx.n)
-        return np.where(alive.numpy(), out_degree * compressed.wire_bytes, 0).astype(np.float64)
+        return np.where(alive.numpy(), out_degree * wire_bytes, 0).astype(np.float64)
+
+    def _streams(self, ctx: Context, sent: Tensor) -> bool:
+        """Whether this exchange can mix chunk by chunk (:func:`sim.engine.gather_mix`): plain
+        D-PSGD state, a stateless rule, no Byzantine messages, a message of the model's dtype."""
+        return (
+            type(self.algorithm) is DecentralizedSGD
+            and not keeps_state(self.algorithm.aggregator)
+            and (self.attack is None or not bool(ctx.byzantine.any()))
+            and isinstance(self.state, GossipState)
+            and sent.dim() == 2
+            and sent.shape == self.state.x.shape
+            and sent.dtype == self.state.x.dtype
+        )
 
     def _enough(self, mask: Tensor) -> Tensor:
         """``[n]`` bool: whose neighbourhood (own + present neighbours) meets the rule's bound."""

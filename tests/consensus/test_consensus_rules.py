@@ -543,3 +543,26 @@ def test_weights_of_masked_neighbours_do_not_count_towards_the_sum() -> None:
         torch.zeros(1), torch.ones(2, 1), torch.tensor([0.5, 0.9]), torch.tensor([True, False])
     )
     assert out.item() == 0.5
+
+
+def test_weighted_mean_into_out_equals_the_returned_result_and_handles_nan_rows() -> None:
+    """``out=`` writes the same numbers into the caller's buffer (no temporary), including
+    the exact fallback that masks a non-finite neighbour; a bad buffer is refused by name."""
+    gen = torch.Generator().manual_seed(3)
+    own = torch.randn(6, 9, generator=gen)
+    neighbours = torch.randn(6, 3, 9, generator=gen)
+    neighbours[2, 1, 4] = float("nan")
+    weights = torch.full((6, 3), 0.2)
+    mask = torch.ones(6, 3, dtype=torch.bool)
+    mask[0, 2] = False
+    expected = consensus.weighted_mean(own, neighbours, weights, mask)
+    out = torch.full_like(own, 7.0)
+    result = consensus.weighted_mean(own, neighbours, weights, mask, out=out)
+    assert result is out
+    assert torch.equal(out, expected)
+    assert bool(torch.isfinite(out).all())
+    rule = consensus.build("mean")
+    assert torch.equal(rule(own, neighbours, weights, mask, out=torch.empty_like(own)), expected)
+    for bad in (torch.empty(6, 8), torch.empty(6, 9, dtype=torch.float64), own):
+        with pytest.raises(ValueError, match="out: must be"):
+            consensus.weighted_mean(own, neighbours, weights, mask, out=bad)

@@ -14,6 +14,7 @@ from sim.engine import (
     ModelNotBatchableError,
     build_optimizer,
     gather_mix,
+    gather_rows,
     masked_step,
 )
 from sim.reference import ReferencePeers
@@ -267,3 +268,40 @@ def test_gradients_and_gather_mix_write_into_a_reused_buffer() -> None:
     torch.testing.assert_close(whole, expected)
     with pytest.raises(ValueError, match="out: must be a separate buffer"):
         gather_mix(values, _Table, WeightedMean(), chunk_rows=3, out=values)
+
+
+def test_gather_rows_equals_advanced_indexing_and_reuses_a_buffer() -> None:
+    values = torch.randn(7, 5)
+    index = torch.tensor([[1, 2], [6, 0], [3, 3]])
+    expected = values[index]
+    assert torch.equal(gather_rows(values, index), expected)
+    buffer = torch.empty(10, 5)
+    rows = gather_rows(values, index, out=buffer)
+    assert torch.equal(rows, expected) and rows.data_ptr() == buffer.data_ptr()
+    with pytest.raises(ValueError, match="out: needs at least 6 rows"):
+        gather_rows(values, index, out=torch.empty(4, 5))
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_optimizer_is_fused_where_torch_has_the_kernel_and_matches_foreach(name: str) -> None:
+    """One pass per step (``fused=True``) where this torch supports it on the CPU; the same
+    updates as the default implementation to float32 rounding."""
+    start = torch.randn(6, 40)
+    fused_params, plain_params = start.clone(), start.clone()
+    fused = build_optimizer(fused_params, name, lr=0.05, momentum=0.9 if name == "sgd" else 0.0)
+    kind = torch.optim.SGD if name == "sgd" else torch.optim.Adam
+    options = {"lr": 0.05, "momentum": 0.9} if name == "sgd" else {"lr": 0.05}
+    plain = kind([plain_params], foreach=False, **options)
+    try:
+        kind([torch.zeros(2, requires_grad=True)], fused=True, lr=0.1)
+        supported = True
+    except RuntimeError:
+        supported = False
+    assert bool(fused.defaults.get("fused")) == supported
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        grad = torch.randn(6, 40, generator=gen)
+        fused_params.grad, plain_params.grad = grad.clone(), grad.clone()
+        fused.step()
+        plain.step()
+    torch.testing.assert_close(fused_params, plain_params, rtol=1e-5, atol=1e-6)
