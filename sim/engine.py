@@ -24,6 +24,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from consensus.base import Rule
 from consensus.mean import WeightedMean, weighted_mean
+from gossip.algorithms import NeighbourTableLike
 from gossip.flat import ParameterLayout
 from workloads.models import NotBatchableError, check_batchable
 
@@ -33,17 +34,6 @@ LossFunction = Callable[[Tensor, Tensor], Tensor]
 class ModelNotBatchableError(NotBatchableError):
     """A user model that ``torch.func.vmap`` cannot run over a stack of peers (a
     ``workloads.NotBatchableError``, itself a ``ValueError``)."""
-
-
-class NeighbourTableLike(Protocol):
-    """What :func:`gather_mix` reads from a ``topologies.NeighbourTable`` (arrays or tensors)."""
-
-    @property
-    def index(self) -> np.ndarray | Tensor: ...
-    @property
-    def weight(self) -> np.ndarray | Tensor: ...
-    @property
-    def mask(self) -> np.ndarray | Tensor: ...
 
 
 class AggregatorLike(Protocol):

@@ -52,6 +52,7 @@ class _Hood:
     index: Tensor
     weight: Tensor
     mask: Tensor
+    self_weight: Tensor
 
 
 def _row_tensors(state: Any, n: int) -> list[Tensor]:
@@ -261,7 +262,7 @@ class SynchronousGossip:
             if self._mixed is None or self._mixed.shape != x.shape:
                 self._mixed = torch.empty_like(x)
             chunk = rows_for_budget(ctx.n, int(index.shape[1]), int(x.shape[1]))
-            hood = _Hood(index, weights, mask)
+            hood = _Hood(index, weights, mask, self_weight)
             mixed = gather_mix(
                 x, hood, self.algorithm.aggregator, sent=sent, chunk_rows=chunk, out=self._mixed
             )
