@@ -14,6 +14,7 @@ O(n * k * d), never a dense n x n product.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,13 +23,18 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from consensus import all_finite
 from consensus.base import Rule
 from consensus.mean import WeightedMean, weighted_mean
 from gossip.algorithms import NeighbourTableLike
 from gossip.flat import ParameterLayout
+from sim.linear_chain import LinearChain, NotALinearChainError
 from workloads.models import NotBatchableError, check_batchable
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
+
+#: values of :class:`BatchedPeers`' ``kernel`` argument
+KERNELS = ("auto", "vmap", "linear")
 
 
 class ModelNotBatchableError(NotBatchableError):
@@ -69,6 +75,13 @@ class BatchedPeers:
             ``"independent"`` (peer i is built under seed ``seed + i``).
         seed: seeds the initial weights.
         loss: ``loss(logits [B, C], targets [B]) -> scalar``; cross entropy by default.
+        kernel: how gradients are computed. ``"auto"`` (default): by the hand-derived
+            batched kernels of :class:`sim.linear_chain.LinearChain` when the model is a
+            chain of ``Linear`` layers and activations (an MLP, logistic regression, such an
+            ``nn.Sequential``) under the default loss, else by ``vmap(grad)``; ``"vmap"``:
+            always ``vmap(grad)``; ``"linear"``: the chain kernels, and a ``ValueError``
+            saying why when the model does not qualify. Both give the same gradients up to
+            float rounding (tested); :attr:`kernel` says which one is in use.
 
     Example::
 
@@ -88,11 +101,16 @@ class BatchedPeers:
         seed: int = 0,
         loss: LossFunction | None = None,
         dtype: torch.dtype = torch.float32,
+        kernel: str = "auto",
     ) -> None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n: number of peers must be an integer >= 1, got {n!r}")
         if init not in ("same", "independent"):
             raise ValueError(f"init: must be one of 'same', 'independent', got {init!r}")
+        if kernel not in KERNELS:
+            raise ValueError(
+                f"kernel: must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}"
+            )
         if isinstance(model, nn.Module):
             template = model
             factory: Callable[[], nn.Module] | None = None
@@ -130,6 +148,23 @@ class BatchedPeers:
         self._grad_fn = vmap(grad_and_value(self._loss_of_views), in_dims=(0, 0, 0))
         self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
+        self.chain: LinearChain | None = None
+        if kernel != "vmap":
+            try:
+                if loss is not None:
+                    raise NotALinearChainError(
+                        "a custom loss is given (the kernels compute cross entropy)"
+                    )
+                self.chain = LinearChain.from_module(template, self.layout)
+            except NotALinearChainError as error:
+                if kernel == "linear":
+                    raise ValueError(f"kernel: 'linear' cannot run this model: {error}") from error
+
+    @property
+    def kernel(self) -> str:
+        """``"linear"`` when gradients come from :class:`sim.linear_chain.LinearChain` (for
+        inputs it :meth:`~sim.linear_chain.LinearChain.accepts`), else ``"vmap"``."""
+        return "vmap" if self.chain is None else "linear"
 
     @property
     def dim(self) -> int:
@@ -194,6 +229,13 @@ class BatchedPeers:
                 f"out: must be a contiguous tensor of shape {tuple(flat.shape)}, "
                 f"got {tuple(out.shape)}"
             )
+        if self.chain is not None and self.chain.accepts(flat, x, y):
+            out = torch.empty_like(flat) if out is None else out
+            losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
+            for start in range(0, m, block):
+                rows = slice(start, start + block)
+                losses[rows] = self.chain.gradients(flat[rows], x[rows], y[rows], out=out[rows])
+            return losses, out
         if m <= block:
             views = self.layout.unflatten(flat)
             grads, losses = self._batchable_guard(self._grad_fn, views, x, y)
@@ -218,8 +260,10 @@ class BatchedPeers:
         torch.cat(parts, dim=1, out=out)
 
     def default_block_rows(self) -> int:
-        """Peers per ``vmap(grad)`` call: as many as keep ~32 MiB of gradients in flight."""
-        return max(1, (32 << 20) // (4 * self.dim))
+        """Peers per gradient call: as many as keep ~32 MiB of gradients in flight, split
+        evenly (64 peers of 100k parameters: one block; 100 peers: two of 50)."""
+        limit = max(1, (32 << 20) // (self.params.element_size() * self.dim))
+        return even_blocks(self.n, limit)
 
     @torch.no_grad()
     def logits(self, x: Tensor, params: Tensor | None = None) -> Tensor:
@@ -260,6 +304,13 @@ class BatchedPeers:
             for name, view in self.layout.unflatten(flat.detach()).items():
                 clone.get_parameter(name).copy_(view)
         return clone
+
+
+def even_blocks(n: int, limit: int) -> int:
+    """The block size that splits ``n`` rows into as few blocks of at most ``limit`` rows as
+    possible, all of about the same size (no block of one peer left over)."""
+    count = -(-n // max(limit, 1))
+    return -(-n // count)
 
 
 def build_optimizer(
@@ -480,6 +531,11 @@ def gather_mix(
         raise ValueError(
             f"out: must be a separate buffer of shape {tuple(values.shape)}, got {tuple(out.shape)}"
         )
+    if type(aggregator) is WeightedMean and sent is values:
+        # plain gossip averaging of the peers' own vectors is one sparse product
+        product = sparse_mix(values, index, weight, mask, alive=alive, out=out)
+        if product is not None:
+            return product
     stateful = keeps_state(aggregator)
     if chunk_rows is None or stateful or chunk_rows >= n:
         mixed = aggregator(values, gather_rows(sent, index), weight, mask)
@@ -503,6 +559,62 @@ def gather_mix(
         out.copy_(mixed)
         return out
     return mixed
+
+
+def mixing_matrix(
+    index: Tensor, weight: Tensor, mask: Tensor, *, alive: Tensor | None = None
+) -> Tensor:
+    """The sparse ``[n, n]`` gossip matrix (CSR) of a neighbour table: ``W_ij`` at the
+    neighbours a receiver hears from (``mask``), the self weight ``w_ii = 1 − Σ_j W_ij`` on
+    the diagonal, so a masked neighbour's weight folds into the self weight as in
+    :func:`consensus.weighted_mean`; a dead receiver (``alive`` False) gets the identity row.
+    ``n · (k + 1)`` stored entries; a neighbour listed twice has its weights summed."""
+    n, k = index.shape
+    w = torch.where(mask, weight, 0.0)
+    if alive is not None:
+        w = torch.where(alive.unsqueeze(1), w, 0.0)
+    self_weight = 1.0 - w.sum(dim=1)
+    rows = torch.arange(n, device=index.device)
+    coordinates = torch.stack(
+        (torch.cat((rows, rows.repeat_interleave(k))), torch.cat((rows, index.reshape(-1))))
+    )
+    values = torch.cat((self_weight, w.reshape(-1)))
+    matrix = torch.sparse_coo_tensor(coordinates, values, (n, n), check_invariants=True)
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return matrix.coalesce().to_sparse_csr()
+
+
+def sparse_mix(
+    values: Tensor,
+    index: Tensor,
+    weight: Tensor,
+    mask: Tensor,
+    *,
+    alive: Tensor | None = None,
+    out: Tensor | None = None,
+) -> Tensor | None:
+    """Gossip averaging of every peer at once as one sparse product, ``X <- W X`` with ``W``
+    from :func:`mixing_matrix`: O(n · (k + 1) · d) work, one read of the neighbours' rows
+    and one write of the result (into ``out`` when given), about half the memory traffic of a
+    gather followed by a weighted sum.
+
+    Returns None where the exact :func:`consensus.weighted_mean` must run instead: a dtype
+    torch's sparse product does not take, or a non-finite result (that rule masks a
+    non-finite neighbour row and refuses a non-finite own vector, row by row).
+    """
+    if values.dim() != 2 or values.dtype not in (torch.float32, torch.float64):
+        return None
+    device = values.device
+    matrix = mixing_matrix(
+        index.to(device),
+        weight.to(device, values.dtype),
+        mask.to(device),
+        alive=None if alive is None else alive.to(device),
+    )
+    target = torch.empty_like(values) if out is None else out
+    torch.addmm(target, matrix, values, beta=0, out=target)
+    return target if all_finite(target) else None
 
 
 def gather_rows(values: Tensor, index: Tensor, *, out: Tensor | None = None) -> Tensor:

@@ -37,6 +37,7 @@ from workloads.models import (
     NotBatchableError,
     build_model,
     check_batchable,
+    layer_chain,
     parameter_count,
     register_model,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "flip_labels",
     "iid",
     "label_histogram",
+    "layer_chain",
     "load_dataset",
     "parameter_count",
     "partition",

@@ -36,6 +36,7 @@ __all__ = [
     "NotBatchableError",
     "build_model",
     "check_batchable",
+    "layer_chain",
     "parameter_count",
     "register_model",
 ]
@@ -180,6 +181,62 @@ MODELS: dict[str, Entry[nn.Module]] = {
 
 
 ModelFactory = Callable[..., nn.Module]
+
+
+def layer_chain(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The modules ``model``'s forward applies one after the other, with their qualified
+    names, or None when its forward is not known to be such a chain.
+
+    Known chains: an ``nn.Sequential`` (nested ones are unrolled), :class:`MLP` and
+    :class:`LogisticRegression`, by exact type (a subclass may override ``forward``). A
+    module with forward hooks is not a chain: the hooks could change what flows through it.
+    The simulator uses this to run such models with hand-derived batched kernels
+    (``sim.linear_chain``) instead of ``torch.func``.
+    """
+    if _has_hooks(model):
+        return None
+    if type(model) is nn.Sequential:
+        chain: list[tuple[str, nn.Module]] = []
+        # Sequential's forward runs every entry of _modules, a module listed twice too
+        # (named_children() would skip the repeat)
+        for name, child in model._modules.items():
+            if child is None:
+                continue
+            inner = layer_chain(child) if type(child) is nn.Sequential else None
+            if inner is not None:
+                chain += [(f"{name}.{sub}", module) for sub, module in inner]
+            elif type(child) is nn.Sequential or _has_hooks(child):
+                return None
+            else:
+                chain.append((name, child))
+        modules = [id(module) for _, module in chain]
+        if len(set(modules)) != len(modules):
+            return None  # a module applied twice shares its weights: not a plain chain
+        return chain
+    if type(model) is MLP:
+        inner = layer_chain(model.layers)
+        return None if inner is None else [(f"layers.{name}", m) for name, m in inner]
+    if type(model) is LogisticRegression:
+        if _has_hooks(model.flatten) or _has_hooks(model.linear):
+            return None
+        return [("flatten", model.flatten), ("linear", model.linear)]
+    return None
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    from torch.nn.modules import module as module_globals
+
+    global_hooks = (
+        getattr(module_globals, "_global_forward_hooks", None),
+        getattr(module_globals, "_global_forward_pre_hooks", None),
+        getattr(module_globals, "_global_backward_hooks", None),
+    )
+    return any(global_hooks) or bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or getattr(module, "_backward_pre_hooks", None)
+    )
 
 
 def register_model(

@@ -305,3 +305,51 @@ def test_optimizer_is_fused_where_torch_has_the_kernel_and_matches_foreach(name:
         fused.step()
         plain.step()
     torch.testing.assert_close(fused_params, plain_params, rtol=1e-5, atol=1e-6)
+
+
+def _random_table(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, n, (n, k), generator=g)  # repeats and self-loops included
+    weight = torch.rand(n, k, generator=g, dtype=torch.float64) / k
+    mask = torch.rand(n, k, generator=g) < 0.7
+    return index, weight, mask
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sparse_mix_equals_weighted_mean_of_the_gathered_rows(seed: int) -> None:
+    from consensus.mean import weighted_mean
+    from sim.engine import sparse_mix
+
+    n, k, d = 9, 3, 7
+    index, weight, mask = _random_table(n, k, seed)
+    values = torch.randn(n, d, dtype=torch.float64)
+    alive = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < 0.8
+    heard = mask & alive[index]
+    expected = weighted_mean(values, gather_rows(values, index), weight, heard)
+    expected = torch.where(alive.unsqueeze(1), expected, values)  # a dead receiver keeps x
+    out = torch.full_like(values, float("nan"))  # beta = 0: nothing of out is read
+    mixed = sparse_mix(values, index, weight, heard, alive=alive, out=out)
+    assert mixed is out
+    torch.testing.assert_close(mixed, expected)
+
+
+def test_gather_mix_of_a_non_finite_vector_keeps_the_rule_semantics() -> None:
+    """A NaN cannot be masked inside the sparse product: gather_mix then runs the exact rule,
+    which refuses a non-finite own vector instead of spreading NaN to the neighbours."""
+    values = torch.randn(4, 5, dtype=torch.float64)
+    values[1] = float("nan")
+    with pytest.raises(ValueError, match="own contains NaN"):
+        gather_mix(values, _Table, WeightedMean())
+    # what a neighbour sent (not its own vector) non-finite: masked, its weight to the self
+    sent = values.clone()
+    values[1] = 0.0
+    mixed = gather_mix(values, _Table, WeightedMean(), sent=sent)
+    torch.testing.assert_close(mixed[2], values[2] * 2 / 3 + values[3] / 3)
+
+
+def test_gather_mix_of_a_dtype_the_sparse_product_lacks_uses_the_gather() -> None:
+    values = torch.randn(4, 5).half()
+    expected = gather_mix(values.double(), _Table, WeightedMean())
+    torch.testing.assert_close(
+        gather_mix(values, _Table, WeightedMean()).double(), expected, atol=2e-3, rtol=2e-3
+    )
