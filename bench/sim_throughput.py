@@ -3,10 +3,12 @@
 One D-PSGD step of every peer on a ring (adapt-then-combine): gradient on its own batch, SGD
 with momentum, then gossip averaging with its two neighbours through ``consensus.WeightedMean``.
 
-- vectorized: ``sim.engine.BatchedPeers`` (``vmap(grad)`` over ``[n, d]``) with gradient and
-  optimizer step fused per cache-sized block of peers (``sim.engine.BlockedOptimizer``, what
-  ``SynchronousGossip`` runs), then one gather ``[n, k, d]`` along the neighbour table; the
-  unfused path (all gradients, then one optimizer over ``[n, d]``) is timed too;
+- vectorized: ``sim.engine.BatchedPeers`` over ``[n, d]`` (for this MLP the linear-chain
+  kernels of ``sim.linear_chain``; ``--kernel vmap`` times ``vmap(grad)`` instead) with
+  gradient and optimizer step fused per block of peers (``sim.engine.BlockedOptimizer``),
+  then gossip averaging as one sparse product into a second buffer that becomes the
+  parameters (``gather_mix``, ``BlockedOptimizer.swap``): what ``SynchronousGossip`` runs for
+  D-PSGD. The unfused path (all gradients, then one optimizer over ``[n, d]``) is timed too;
 - naive: ``sim.reference.ReferencePeers``, what a careful user writes: one ``nn.Module`` and one
   foreach ``torch.optim.SGD`` per peer, ``zero_grad(set_to_none=True)``, a Python loop; then a
   loop mixing each peer's flat vector with the same ``weighted_mean``.
@@ -46,6 +48,7 @@ from workloads import build_model, parameter_count
 
 INPUT_SHAPE = (40,)
 CLASSES = 10
+KERNEL = {"name": "auto"}  # BatchedPeers(kernel=...), set by --kernel
 
 
 def model() -> torch.nn.Module:
@@ -73,7 +76,7 @@ def sgd(params: torch.Tensor) -> torch.optim.Optimizer:
 
 def fused(n: int, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], list[float]]:
     """Seconds of each step after the first: (fused gradient + step, mixing into a buffer)."""
-    peers = BatchedPeers(model, n, seed=0)
+    peers = BatchedPeers(model, n, seed=0, kernel=KERNEL["name"])
     trainer = BlockedOptimizer(peers, peers.params, sgd)
     table = ring_table(n)
     rule = WeightedMean()
@@ -85,7 +88,7 @@ def fused(n: int, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[f
         trainer.step(x, y)
         middle = time.perf_counter()
         gather_mix(peers.params, table, rule, chunk_rows=chunk, out=mixed)
-        peers.params.copy_(mixed)
+        mixed = trainer.swap(mixed)  # the mixed rows become the parameters, no copy back
         if step > 0:
             train.append(middle - start)
             mix.append(time.perf_counter() - middle)
@@ -98,7 +101,7 @@ def vectorized(n: int, batch: int, steps: int) -> tuple[float, float, float]:
     optimizer per block, mix, unfused train = all gradients, then one optimizer step)."""
     data = batches(n, batch, steps + 1)
     train, mix = fused(n, data)
-    unfused = BatchedPeers(model, n, seed=0)
+    unfused = BatchedPeers(model, n, seed=0, kernel=KERNEL["name"])
     optimizer = sgd(unfused.params)
     plain = []
     for step, (x, y) in enumerate(data):
@@ -162,17 +165,26 @@ def main() -> int:
         help=f"thread counts to time (default: torch's default {default_threads}, and 1)",
     )
     parser.add_argument("--memory-peers", type=int, default=1000)
+    parser.add_argument(
+        "--kernel",
+        choices=["auto", "vmap"],
+        default="auto",
+        help="gradient kernel of the vectorized side (auto: the linear-chain kernels for this "
+        "MLP; vmap: torch.func vmap(grad), what every other model runs)",
+    )
     parser.add_argument("--child-memory", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if min(args.sizes + args.batch_sizes + args.threads + [args.steps]) < 1:
         parser.error("--sizes, --batch-sizes, --threads and --steps must be >= 1")
+    KERNEL["name"] = args.kernel
     if args.child_memory:
         torch.set_num_threads(args.threads[0])
         peak_memory_child(args.child_memory, args.batch_sizes[0])
         return 0
     print(
         f"model mlp-100k: {parameter_count(model()):,} parameters; D-PSGD step on a ring "
-        f"(gradient + SGD momentum + mixing); torch default threads: {default_threads}"
+        f"(gradient + SGD momentum + mixing); torch default threads: {default_threads}; "
+        f"vectorized kernel: {BatchedPeers(model, 1, kernel=args.kernel).kernel}"
     )
     print(
         "best-of-steps peer-steps per second; 'train' = gradient + optimizer step (vec: fused per block; "
@@ -218,6 +230,8 @@ def main() -> int:
                 str(max(args.batch_sizes)),
                 "--threads",
                 "1",
+                "--kernel",
+                args.kernel,
             ],
             capture_output=True,
             text=True,

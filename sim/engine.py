@@ -485,6 +485,35 @@ class BlockedOptimizer:
             masked_step(optimizer, block, None if active is None else active[rows])
             block.grad = None
 
+    def swap(self, values: Tensor) -> Tensor:
+        """Make the stacked leaf hold ``values [n, d]`` by exchanging storages instead of
+        copying (a mixing round writes its result into a second buffer; this saves the
+        ``[n, d]`` copy back). The leaf, its block views and the optimizers' state keep
+        their identity; views of the leaf taken elsewhere before the swap keep reading the
+        old storage. Returns a tensor over the old storage, the buffer for the next round."""
+        params = self.params
+        if (
+            values.shape != params.shape
+            or values.dtype != params.dtype
+            or not values.is_contiguous()
+        ):
+            raise ValueError(
+                f"values: must be a contiguous {params.dtype} tensor of shape "
+                f"{tuple(params.shape)}, got {values.dtype} {tuple(values.shape)}"
+            )
+        if values.untyped_storage().data_ptr() == params.untyped_storage().data_ptr():
+            raise ValueError("values: must not share the parameters' storage")
+        old = params.new_empty(0).set_(
+            params.untyped_storage(), params.storage_offset(), params.shape, params.stride()
+        )
+        storage, offset, width = values.untyped_storage(), values.storage_offset(), params.shape[1]
+        with torch.no_grad():
+            params.set_(storage, offset, values.shape, values.stride())
+            for index, block in enumerate(self.blocks):
+                start = offset + index * self.block_rows * width
+                block.set_(storage, start, block.shape, block.stride())
+        return old
+
 
 def _is_row_state(value: object, params: Tensor) -> bool:
     return isinstance(value, Tensor) and value.shape == params.shape

@@ -269,7 +269,10 @@ class SynchronousGossip:
             rows = frozen.nonzero().squeeze(1)
             with torch.no_grad():
                 mixed[rows] = x[rows]
-                x.copy_(mixed)
+                if x is self.parameters and mixed is self._mixed:
+                    self._mixed = self.trainer.swap(mixed)  # no [n, d] copy back
+                else:
+                    x.copy_(mixed)
             return self._sent_bytes(ctx, index, listening, alive, compressed.wire_bytes)
         received = gather_rows(sent, index)
         if self.attack is not None and bool(ctx.byzantine.any()):

@@ -353,3 +353,34 @@ def test_gather_mix_of_a_dtype_the_sparse_product_lacks_uses_the_gather() -> Non
     torch.testing.assert_close(
         gather_mix(values, _Table, WeightedMean()).double(), expected, atol=2e-3, rtol=2e-3
     )
+
+
+def test_blocked_optimizer_swap_makes_the_leaf_hold_new_values_without_a_copy() -> None:
+    peers = BatchedPeers(mlp, 5, init="independent", seed=0)
+    params = peers.params
+
+    def sgd(leaf: torch.Tensor) -> torch.optim.Optimizer:
+        return build_optimizer(leaf, "sgd", lr=0.1, momentum=0.9)
+
+    trainer = BlockedOptimizer(peers, params, sgd, block_rows=2)
+    twin = BatchedPeers(mlp, 5, init="independent", seed=0)
+    twin_trainer = BlockedOptimizer(twin, twin.params, sgd, block_rows=2)
+    for step in range(3):
+        x, y = data(5, 4, seed=step)
+        trainer.step(x, y)
+        twin_trainer.step(x, y)
+        new = torch.randn_like(params)
+        pointer = new.data_ptr()
+        old = trainer.swap(new)
+        assert peers.params is params and params.data_ptr() == pointer  # identity kept
+        assert torch.equal(params, new) and old.data_ptr() != pointer
+        with torch.no_grad():
+            twin.params.copy_(new)
+    x, y = data(5, 4, seed=9)
+    trainer.step(x, y)  # the blocks (and momentum) follow the new storage
+    twin_trainer.step(x, y)
+    assert torch.equal(params, twin.params)
+    with pytest.raises(ValueError, match="values: must be a contiguous"):
+        trainer.swap(torch.zeros(4, peers.dim))
+    with pytest.raises(ValueError, match="must not share"):
+        trainer.swap(params[:])
