@@ -1,14 +1,17 @@
 """The batched engine: n copies of one model as a single ``[n, d]`` tensor.
 
 All peers' parameters live in one stacked leaf ``params [n, d]``; gradients for every
-peer come from one ``torch.func.vmap(torch.func.grad(loss))`` call over per-peer batches
-``x [n, B, ...]``, ``y [n, B]``; one torch optimizer over the stacked leaf is the n per-peer
-optimizers at once (SGD, momentum and Adam are elementwise, which ``tests/sim`` checks
-against :class:`sim.reference.ReferencePeers`, one ``nn.Module`` and optimizer per peer).
+peer come from one call over per-peer batches ``x [n, B, ...]``, ``y [n, B]``: the
+hand-derived batched kernels of :mod:`sim.linear_chain` for chains of ``Linear`` layers and
+activations, ``torch.func.vmap(torch.func.grad(loss))`` for every other model. One torch
+optimizer over the stacked leaf is the n per-peer optimizers at once (SGD, momentum and Adam
+are elementwise, which ``tests/sim`` checks against :class:`sim.reference.ReferencePeers`,
+one ``nn.Module`` and optimizer per peer).
 
-Mixing reads neighbours by gather, ``params[index] -> [n, k, d]``, from a
-``topologies.NeighbourTable`` and hands them to a ``consensus`` aggregator: the cost is
-O(n * k * d), never a dense n x n product.
+Mixing: plain gossip averaging is one sparse product ``X <- W X`` (:func:`sparse_mix`);
+other ``consensus`` rules read neighbours by gather, ``params[index] -> [k, d]`` per
+receiver along a ``topologies.NeighbourTable``, chunk by chunk. The cost is O(n * k * d),
+never a dense n x n product.
 """
 
 from __future__ import annotations
@@ -532,6 +535,10 @@ def gather_mix(
     """Every peer i mixes ``own = values[i]`` with what its neighbours sent:
     ``x_i <- rule(x_i, {sent_j : j ∈ N(i)}, W_i·)``.
 
+    Plain averaging (``consensus.WeightedMean``) of the peers' own vectors runs as one sparse
+    product (:func:`sparse_mix`); other rules, or messages that differ from the senders'
+    vectors (Byzantine peers, compression), gather the neighbours' rows.
+
     Args:
         values: each peer's own vector ``[n, d]``.
         table: who receives from whom, with the off-diagonal weights.
@@ -590,7 +597,7 @@ def gather_mix(
     return mixed
 
 
-def mixing_matrix(
+def sparse_gossip_matrix(
     index: Tensor, weight: Tensor, mask: Tensor, *, alive: Tensor | None = None
 ) -> Tensor:
     """The sparse ``[n, n]`` gossip matrix (CSR) of a neighbour table: ``W_ij`` at the
@@ -624,7 +631,7 @@ def sparse_mix(
     out: Tensor | None = None,
 ) -> Tensor | None:
     """Gossip averaging of every peer at once as one sparse product, ``X <- W X`` with ``W``
-    from :func:`mixing_matrix`: O(n · (k + 1) · d) work, one read of the neighbours' rows
+    from :func:`sparse_gossip_matrix`: O(n · (k + 1) · d) work, one read of the neighbours' rows
     and one write of the result (into ``out`` when given), about half the memory traffic of a
     gather followed by a weighted sum.
 
@@ -635,7 +642,7 @@ def sparse_mix(
     if values.dim() != 2 or values.dtype not in (torch.float32, torch.float64):
         return None
     device = values.device
-    matrix = mixing_matrix(
+    matrix = sparse_gossip_matrix(
         index.to(device),
         weight.to(device, values.dtype),
         mask.to(device),
