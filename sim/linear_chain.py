@@ -168,10 +168,11 @@ class LinearChain:
         self.steps = steps
         self.dim = dim
         self.classes = classes
-        self.flattens_input = any(
-            isinstance(s, _Flatten) for s in steps[: self._first_dense_position()]
-        )
-        first = self.dense[0]
+        # position of the first Linear layer: no gradient flows below it
+        self.first = next(i for i, s in enumerate(steps) if isinstance(s, _Dense))
+        self.flattens_input = any(isinstance(s, _Flatten) for s in steps[: self.first])
+        first = steps[self.first]
+        assert isinstance(first, _Dense)  # by the line above
         self.in_features = first.in_features
         self.widths: list[int] = []  # features of every step's output
         width = first.in_features
@@ -179,13 +180,6 @@ class LinearChain:
             width = step.out_features if isinstance(step, _Dense) else width
             self.widths.append(width)
         self._workspaces: dict[tuple[int, int, torch.dtype, torch.device], _Workspace] = {}
-
-    @property
-    def dense(self) -> list[_Dense]:
-        return [s for s in self.steps if isinstance(s, _Dense)]
-
-    def _first_dense_position(self) -> int:
-        return next(i for i, s in enumerate(self.steps) if isinstance(s, _Dense))
 
     @classmethod
     def from_module(cls, model: nn.Module, layout: ParameterLayout) -> LinearChain:
@@ -302,7 +296,7 @@ class LinearChain:
         grad = log_probs.exp_()  # softmax, in place of the log-probabilities
         grad.scatter_add_(2, target, space.minus_one)
         grad.mul_(1.0 / batch)
-        first = self._first_dense_position()
+        first = self.first
         for position in range(len(self.steps) - 1, first - 1, -1):
             step = self.steps[position]
             h_in, z = saved[position]
