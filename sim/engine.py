@@ -17,7 +17,9 @@ never a dense n x n product.
 from __future__ import annotations
 
 import math
+import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,7 +28,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from consensus import all_finite
 from consensus.base import Rule
 from consensus.mean import WeightedMean, weighted_mean
 from gossip.algorithms import NeighbourTableLike
@@ -635,22 +636,78 @@ def sparse_mix(
     and one write of the result (into ``out`` when given), about half the memory traffic of a
     gather followed by a weighted sum.
 
+    The product runs over column chunks of a few MiB, and each chunk of the result is summed
+    while it is still in cache: the finiteness check costs no second pass over ``[n, d]``.
+    ``W`` is built once per distinct table (a static topology without losses reuses it
+    every round; see :func:`cached_gossip_matrix`).
+
     Returns None where the exact :func:`consensus.weighted_mean` must run instead: a dtype
     torch's sparse product does not take, or a non-finite result (that rule masks a
     non-finite neighbour row and refuses a non-finite own vector, row by row).
     """
     if values.dim() != 2 or values.dtype not in (torch.float32, torch.float64):
         return None
-    device = values.device
+    matrix = cached_gossip_matrix(
+        index, weight, mask, alive=alive, dtype=values.dtype, device=values.device
+    )
+    target = torch.empty_like(values) if out is None else out
+    n, d = values.shape
+    width = min(d, max(256, _MIX_CHUNK_BYTES // max(1, n * values.element_size())))
+    sums = values.new_empty(-(-d // width))
+    for chunk, start in enumerate(range(0, d, width)):
+        part = target[:, start : start + width]
+        torch.addmm(part, matrix, values[:, start : start + width], beta=0, out=part)
+        torch.sum(part, dim=(0, 1), out=sums[chunk])
+    # a NaN or Inf anywhere makes its chunk's sum non-finite; a finite sum proves the chunk
+    # finite, and only an overflowing sum needs the exact elementwise check
+    finite = bool(torch.isfinite(sums).all()) or bool(torch.isfinite(target).all())
+    return target if finite else None
+
+
+#: bytes of ``values`` per column chunk of :func:`sparse_mix` (cache-sized)
+_MIX_CHUNK_BYTES = 4 << 20
+_MATRIX_CACHE_SIZE = 4
+_matrix_cache: OrderedDict[tuple[object, ...], Tensor] = OrderedDict()
+_matrix_cache_lock = threading.Lock()
+
+
+def cached_gossip_matrix(
+    index: Tensor,
+    weight: Tensor,
+    mask: Tensor,
+    *,
+    alive: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """:func:`sparse_gossip_matrix` of the table, ``dtype`` and ``device``, reused while the
+    same table comes again: the key is the tables' exact contents (n · k small entries), so a
+    changed weight, mask or liveness builds a new matrix. The last few matrices are kept."""
+    key = (
+        str(torch.device(device)),
+        dtype,
+        tuple(index.shape),
+        *(
+            None if t is None else t.detach().cpu().contiguous().numpy().tobytes()
+            for t in (index, weight.to(dtype), mask.to(torch.bool), alive)
+        ),
+    )
+    with _matrix_cache_lock:
+        matrix = _matrix_cache.get(key)
+        if matrix is not None:
+            _matrix_cache.move_to_end(key)
+            return matrix
     matrix = sparse_gossip_matrix(
         index.to(device),
-        weight.to(device, values.dtype),
+        weight.to(device, dtype),
         mask.to(device),
         alive=None if alive is None else alive.to(device),
     )
-    target = torch.empty_like(values) if out is None else out
-    torch.addmm(target, matrix, values, beta=0, out=target)
-    return target if all_finite(target) else None
+    with _matrix_cache_lock:
+        _matrix_cache[key] = matrix
+        while len(_matrix_cache) > _MATRIX_CACHE_SIZE:
+            _matrix_cache.popitem(last=False)
+    return matrix
 
 
 def gather_rows(values: Tensor, index: Tensor, *, out: Tensor | None = None) -> Tensor:

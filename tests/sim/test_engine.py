@@ -347,6 +347,61 @@ def test_gather_mix_of_a_non_finite_vector_keeps_the_rule_semantics() -> None:
     torch.testing.assert_close(mixed[2], values[2] * 2 / 3 + values[3] / 3)
 
 
+def test_sparse_mix_in_column_chunks_equals_one_product_and_finds_a_late_nan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The product runs chunk by chunk (here 4 chunks of 256 columns): the same result as one
+    product over all columns, and a NaN or Inf in the last chunk still falls back."""
+    import sim.engine as engine
+
+    n, k, d = 6, 2, 1000
+    index, weight, mask = _random_table(n, k, 7)
+    values = torch.randn(n, d, dtype=torch.float64)
+    whole = torch.addmm(
+        torch.zeros_like(values),
+        engine.sparse_gossip_matrix(index, weight, mask),
+        values,
+        beta=0,
+    )
+    monkeypatch.setattr(engine, "_MIX_CHUNK_BYTES", 1)  # the 256-column floor
+    mixed = engine.sparse_mix(values, index, weight, mask)
+    assert mixed is not None
+    torch.testing.assert_close(mixed, whole, rtol=0, atol=0)
+    for bad in (float("nan"), float("inf")):
+        poisoned = values.clone()
+        poisoned[3, 900] = bad
+        assert engine.sparse_mix(poisoned, index, weight, mask) is None
+    # finite values whose chunk sums overflow: the exact check clears them
+    huge = torch.full((n, d), 1e308, dtype=torch.float64)
+    mixed = engine.sparse_mix(huge, index, weight, torch.zeros_like(mask))
+    assert mixed is not None and torch.equal(mixed, huge)
+
+
+def test_cached_gossip_matrix_is_reused_only_for_the_same_table() -> None:
+    from sim.engine import cached_gossip_matrix, sparse_gossip_matrix
+
+    index, weight, mask = _random_table(8, 3, 11)
+    first = cached_gossip_matrix(index, weight, mask)
+    assert cached_gossip_matrix(index.clone(), weight.clone(), mask.clone()) is first
+    torch.testing.assert_close(
+        first.to_dense(), sparse_gossip_matrix(index, weight, mask).to_dense().float()
+    )
+    lost = mask.clone()
+    lost[0, 0] = not bool(lost[0, 0])
+    changed = [
+        cached_gossip_matrix(index, weight, lost),
+        cached_gossip_matrix(index, weight * 0.5, mask),
+        cached_gossip_matrix(index, weight, mask, alive=torch.arange(8) != 2),
+        cached_gossip_matrix(index, weight, mask, dtype=torch.float64),
+    ]
+    for matrix in changed:
+        assert matrix is not first
+    torch.testing.assert_close(
+        changed[0].to_dense(), sparse_gossip_matrix(index, weight, lost).to_dense().float()
+    )
+    assert changed[3].dtype == torch.float64
+
+
 def test_gather_mix_of_a_dtype_the_sparse_product_lacks_uses_the_gather() -> None:
     values = torch.randn(4, 5).half()
     expected = gather_mix(values.double(), _Table, WeightedMean())
