@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from gossip.flat import ParameterLayout
+from sim import linear_chain
 from sim.engine import BatchedPeers, BlockedOptimizer, build_optimizer
 from sim.linear_chain import LinearChain, NotALinearChainError
 from sim.reference import ReferencePeers
@@ -59,9 +61,17 @@ def chains(draw: st.DrawFn):
     batch=st.integers(1, 6),
     block=st.integers(1, 5),
     seed=st.integers(0, 2**16),
+    scratch=st.booleans(),
 )
-def test_linear_chain_gradients_equal_vmap_grad(spec, n, batch, block, seed) -> None:
+def test_linear_chain_gradients_equal_vmap_grad(spec, n, batch, block, seed, scratch) -> None:
+    """Both ways of writing a weight gradient (contiguous scratch + copy for small layers,
+    straight into the strided view for large ones) against vmap(grad)."""
     widths, activations, biases, nest = spec
+    with mock.patch.object(linear_chain, "SCRATCH_MAX", 10**9 if scratch else 0):
+        _check_against_vmap(widths, activations, biases, nest, n, batch, block, seed)
+
+
+def _check_against_vmap(widths, activations, biases, nest, n, batch, block, seed) -> None:
     factory = chain_factory(widths, activations, biases, nest)
     fast = BatchedPeers(factory, n, init="independent", seed=seed, dtype=torch.float64)
     slow = BatchedPeers(
