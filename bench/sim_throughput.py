@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -151,6 +152,13 @@ def main() -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--steps", type=int, default=5, help="timed vectorized steps per size")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="vectorized and naive runs alternate this many times per configuration; the table "
+        "shows medians, and the range of the per-repeat round ratios",
+    )
+    parser.add_argument(
         "--naive-peer-steps",
         type=int,
         default=1024,
@@ -174,8 +182,8 @@ def main() -> int:
     )
     parser.add_argument("--child-memory", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if min(args.sizes + args.batch_sizes + args.threads + [args.steps]) < 1:
-        parser.error("--sizes, --batch-sizes, --threads and --steps must be >= 1")
+    if min(args.sizes + args.batch_sizes + args.threads + [args.steps, args.repeats]) < 1:
+        parser.error("--sizes, --batch-sizes, --threads, --steps and --repeats must be >= 1")
     KERNEL["name"] = args.kernel
     if args.child_memory:
         torch.set_num_threads(args.threads[0])
@@ -189,7 +197,8 @@ def main() -> int:
     print(
         "best-of-steps peer-steps per second; 'train' = gradient + optimizer step (vec: fused per block; "
         "unfused: all gradients then one step), 'round' = train + gossip mixing with the two "
-        "ring neighbours; ratios = vectorized / naive"
+        f"ring neighbours; ratios = vectorized / naive; medians of {args.repeats} alternating "
+        "repeats"
     )
     header = (
         "threads",
@@ -202,21 +211,32 @@ def main() -> int:
         "vec round",
         "naive round",
         "ratio",
+        "round ratio range",
     )
-    print("{:>7} {:>5} {:>6} {:>10} {:>8} {:>12} {:>6} {:>10} {:>12} {:>6}".format(*header))
+    line = "{:>7} {:>5} {:>6} {:>10} {:>8} {:>12} {:>6} {:>10} {:>12} {:>6} {:>18}"
+    print(line.format(*header))
     for threads in args.threads:
         torch.set_num_threads(threads)
         for batch in args.batch_sizes:
             for n in args.sizes:
-                fast_train, fast_mix, unfused = vectorized(n, batch, args.steps)
                 naive_steps = max(2, min(args.steps, args.naive_peer_steps // n))
-                slow_train, slow_mix = naive(n, batch, naive_steps)
-                fast_round, slow_round = fast_train + fast_mix, slow_train + slow_mix
+                runs = []  # vectorized and naive alternate: a slow spell hits both sides
+                for _ in range(args.repeats):
+                    fast_train, fast_mix, unfused = vectorized(n, batch, args.steps)
+                    slow_train, slow_mix = naive(n, batch, naive_steps)
+                    runs.append((fast_train, fast_mix, unfused, slow_train, slow_mix))
+                fast_train, fast_mix, unfused, slow_train, slow_mix = (
+                    statistics.median(column) for column in zip(*runs)
+                )
+                ratios = sorted((r[3] + r[4]) / (r[0] + r[1]) for r in runs)
+                train_ratio = statistics.median(r[3] / r[0] for r in runs)
+                spread = f"{ratios[0]:.2f}-{ratios[-1]:.2f}x"
                 print(
                     f"{threads:>7} {batch:>5} {n:>6} {n / fast_train:>10,.0f} "
                     f"{n / unfused:>8,.0f} {n / slow_train:>12,.0f} "
-                    f"{slow_train / fast_train:>5.2f}x {n / fast_round:>10,.0f} "
-                    f"{n / slow_round:>12,.0f} {slow_round / fast_round:>5.2f}x",
+                    f"{train_ratio:>5.2f}x {n / (fast_train + fast_mix):>10,.0f} "
+                    f"{n / (slow_train + slow_mix):>12,.0f} "
+                    f"{statistics.median(ratios):>5.2f}x {spread:>18}",
                     flush=True,
                 )
     if args.memory_peers:
