@@ -7,16 +7,15 @@ these fields (``--round-deadline-s`` -> ``round_deadline_s``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-
 from peer.codecs import DENSE_CODECS
 from peer.membership import check_address
 from peer.wire import SENDER_ID_PATTERN
+from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
+from workloads.device import resolve_device as resolve_device  # re-exported for peer.*
 
 Mode = Literal["async", "sync"]
 MODES: tuple[Mode, ...] = ("async", "sync")
@@ -25,32 +24,6 @@ ALGORITHMS: dict[str, Mode] = {"ad-psgd": "async", "dpsgd": "sync", "local-sgd":
 """Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
 SIMULATOR_ONLY = ("push-sum", "choco")
 """gossip algorithms the simulator runs but a peer does not (yet): per-neighbour state."""
-_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
-def resolve_device(spec: str) -> torch.device:
-    """``auto`` (the GPU when there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:I``.
-
-    Raises ``ValueError`` for a malformed spec, for ``cuda`` when
-    ``torch.cuda.is_available()`` is False, and for a GPU index beyond the count.
-    """
-    if not isinstance(spec, str) or _DEVICE.fullmatch(spec) is None:
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:INDEX, got {spec!r}")
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError(
-            f"device {spec!r}: CUDA is not available on this machine (torch "
-            f"{torch.__version__}); use --device cpu or auto"
-        )
-    device = torch.device(spec)
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"device {spec!r}: index must be < {torch.cuda.device_count()} (GPUs on this machine)"
-        )
-    return device
 
 
 def _int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -202,10 +175,8 @@ class PeerConfig:
             raise ValueError(
                 f"PeerConfig.local_steps must be >= 2 for local-sgd, got {self.local_steps}"
             )
-        if not isinstance(self.device, str) or _DEVICE.fullmatch(self.device) is None:
-            raise ValueError(
-                f"PeerConfig.device must be auto, cpu, cuda or cuda:INDEX, got {self.device!r}"
-            )
+        if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
+            raise ValueError(f"PeerConfig.device must be {DEVICE_CHOICES}, got {self.device!r}")
         _int("max_concurrent_exchanges", self.max_concurrent_exchanges, 1)
         self._check_topology()
         if not isinstance(self.codec, str) or self.codec.partition(":")[0] not in DENSE_CODECS:

@@ -31,6 +31,7 @@ from workloads.datasets import (
     flip_labels,
     load_dataset,
 )
+from workloads.device import resolve_device
 from workloads.formats import DataFileError, UnsafePickleError, read_idx
 from workloads.models import (
     MODELS,
@@ -70,6 +71,7 @@ __all__ = [
     "peer_batches",
     "read_idx",
     "register_model",
+    "resolve_device",
     "shards",
     "splitmix64",
 ]
