@@ -234,7 +234,7 @@ def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | Non
     declared = int(present.sum(-1).min()) + 1 if batch else 1
     removed = (present & ~finite).sum(-1)
     if not bool(finite.all()):
-        nb = torch.where(finite[:, :, None], nb, torch.zeros((), dtype=nb.dtype))
+        nb = torch.where(finite[:, :, None], nb, nb.new_zeros(()))
     keep = present & finite
     w = torch.where(keep, weights.reshape(batch, k), 0.0)
     return Neighbourhood(

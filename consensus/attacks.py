@@ -60,7 +60,7 @@ def alie_z(n: int, f: int) -> float:
         raise ValueError(
             f"alie needs 0 < (n-f-s)/(n-f) < 1 with s = floor(n/2+1)-f, got {p:.4g} at n={n}, f={f}"
         )
-    return float(torch.special.ndtri(torch.tensor(p, dtype=torch.float64)))
+    return float(torch.special.ndtri(torch.tensor(p, dtype=torch.float64, device="cpu")))
 
 
 class AttackBase:
@@ -155,7 +155,9 @@ def _required(name: str, honest: Tensor | None, mask: Tensor | None) -> tuple[Te
 
 
 def _noise(shape: torch.Size, like: Tensor, generator: torch.Generator) -> Tensor:
-    return torch.randn(shape, generator=generator, dtype=like.dtype).to(like.device)
+    # drawn where the (seeded) generator lives, then moved: the same noise on every device
+    noise = torch.randn(shape, generator=generator, dtype=like.dtype, device=generator.device)
+    return noise.to(like.device)
 
 
 class SignFlip(AttackBase):
@@ -244,8 +246,9 @@ class ALittleIsEnough(AttackBase):
             return mean - alie_z(self.n, self.f) * std
         # n = the honest messages this node sees plus the f Byzantine ones, per node
         sizes = honest_mask.sum(-1) + self.f
-        z = torch.stack([torch.tensor(alie_z(int(n), self.f)) for n in sizes.unique()])
-        per_node = z[torch.searchsorted(sizes.unique(), sizes)]
+        distinct = sizes.unique()
+        z = torch.tensor([alie_z(int(n), self.f) for n in distinct.tolist()], device=mean.device)
+        per_node = z[torch.searchsorted(distinct, sizes)]
         return mean - per_node.to(mean.dtype).unsqueeze(-1) * std
 
 
@@ -366,10 +369,13 @@ class Garbage(AttackBase):
         if self.kind == "wrong-length":
             return torch.cat([own, own[..., :1]], dim=-1)
         if self.kind == "huge":
-            signs = torch.randint(0, 2, own.shape, generator=generator).to(own.device) * 2 - 1
+            signs = torch.randint(0, 2, own.shape, generator=generator, device=generator.device)
+            signs = signs.to(own.device) * 2 - 1
             return signs.to(own.dtype) * self.value
         bad = float("nan") if self.kind == "nan" else float("inf")
-        where = torch.randint(0, own.shape[-1], (*own.shape[:-1], 1), generator=generator)
+        where = torch.randint(
+            0, own.shape[-1], (*own.shape[:-1], 1), generator=generator, device=generator.device
+        )
         return own.scatter(-1, where.to(own.device), bad)
 
 

@@ -69,7 +69,8 @@ class Bucketing(Wrapper):
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
         b, k, d, s = hood.batch, hood.k, hood.dim, self.s
-        keys = torch.rand(b, k, generator=self._generator).to(hood.mask.device)
+        keys = torch.rand(b, k, generator=self._generator, device=self._generator.device)
+        keys = keys.to(hood.mask.device)
         order = keys.masked_fill(~hood.mask, 2.0).argsort(-1)  # present first, shuffled
         groups = -(-k // s)
         pad = groups * s - k

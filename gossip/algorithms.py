@@ -397,7 +397,8 @@ class PushSum:
                 # sum_j P_ij v_j = r_i * mean_i(v) with the row total r_i = P_ii + sum_j P_ij:
                 # the weighted mean with weights P_ij / r_i has implicit self weight P_ii / r_i.
                 present = weights if mask is None else torch.where(mask, weights, 0.0)
-                total = torch.as_tensor(self_weight, dtype=own.dtype) + present.sum(-1)
+                total = torch.as_tensor(self_weight, dtype=own.dtype, device=own.device)
+                total = total + present.sum(-1)
                 if not bool((total > 0).all()):
                     raise ValueError("push-sum needs self_weight + sum of weights > 0 per node")
                 mixed = self.aggregator(own, received, weights / total.unsqueeze(-1), mask)
@@ -517,7 +518,8 @@ class Choco:
 
 
 def _require_delivered(mask: Tensor, weights: Tensor) -> None:
-    lost = ~torch.as_tensor(mask, dtype=torch.bool) & (torch.as_tensor(weights) > 0)
+    weights = weights if isinstance(weights, Tensor) else torch.as_tensor(weights, device="cpu")
+    lost = ~torch.as_tensor(mask, dtype=torch.bool, device=weights.device) & (weights > 0)
     if bool(lost.any()):
         *node, slot = (int(i) for i in lost.nonzero()[0])
         where = f"neighbour slot {slot}" + (
@@ -569,14 +571,15 @@ def synchronous_exchange(
     """
     message = algorithm.message(state)
     n = message.shape[0]
-    index = torch.as_tensor(table.index, dtype=torch.int64)
+    device = message.device
+    index = torch.as_tensor(table.index, dtype=torch.int64, device=device)
     if index.dim() != 2 or index.shape[0] != n:
         raise ValueError(f"table.index must have shape [n={n}, k], got {tuple(index.shape)}")
-    weights = torch.as_tensor(table.weight, dtype=message.dtype)
-    mask = torch.as_tensor(table.mask, dtype=torch.bool)
-    self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype)
+    weights = torch.as_tensor(table.weight, dtype=message.dtype, device=device)
+    mask = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
+    self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype, device=device)
     if delivered is not None:
-        mask = mask & delivered
+        mask = mask & torch.as_tensor(delivered, dtype=torch.bool, device=device)
     compressed = algorithm.compressor.compress(message, generator)
     sent = compressed.values
     algorithm.combine(state, sent, sent[index], weights, mask, self_weight)

@@ -142,6 +142,15 @@ class Compressed:
 # ----------------------------------------------------------------------------- helpers
 
 
+def _uniform(like: Tensor, generator: torch.Generator | None) -> Tensor:
+    """U[0, 1) float32 noise shaped like ``like``, on its device, drawn from ``generator``
+    where that generator lives (a seeded CPU generator gives the same draws for a CUDA
+    tensor as for a CPU one)."""
+    source = like.device if generator is None else generator.device
+    noise = torch.rand(like.shape, generator=generator, dtype=torch.float32, device=source)
+    return noise.to(like.device)
+
+
 def _to_bytes(t: Tensor, wire_dtype: str) -> bytes:
     np_dtype, torch_dtype = _WIRE_DTYPES[wire_dtype]
     t = t.detach().to("cpu", torch_dtype).contiguous()
@@ -317,7 +326,7 @@ class Compressor(ABC):
     def wire_bytes(self, d: int) -> int:
         """Exact ``len(msgpack.packb(self.encode(x)))`` for any ``x`` of length ``d``."""
         if d not in self._wire_bytes:
-            probe = torch.zeros(d)
+            probe = torch.zeros(d, device="cpu")  # a size probe, once per d, on the CPU
             fields = self._encode_fields(probe, torch.Generator().manual_seed(0))
             payload: Payload = {"codec": self.codec}
             payload.update(self._serialize(fields, d))
@@ -466,7 +475,7 @@ class StochasticQuantization(Compressor):
         scale = blocks.abs().amax(dim=-1)  # [*, nblocks]
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         level = (blocks / safe.unsqueeze(-1)).flatten(-2)[..., :d] * self.levels
-        noise = torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device)
+        noise = _uniform(x, generator)
         q = torch.floor(level + noise).clamp_(-self.levels, self.levels)
         return {"scale": scale, "level": self._pack(q.to(torch.int16) + self.levels)}
 
@@ -497,7 +506,7 @@ class StochasticQuantization(Compressor):
             "bits": self.bits,
             "block": self.block,
             "scale": _to_bytes(fields["scale"], "<f4"),
-            "level": fields["level"].numpy().tobytes(),
+            "level": fields["level"].cpu().numpy().tobytes(),
         }
 
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
@@ -568,7 +577,7 @@ class _Sparse(Compressor):
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         return {
             "k": int(fields["index"].shape[-1]),
-            "index": fields["index"].to(torch.int32).numpy().astype("<i4").tobytes(),
+            "index": fields["index"].to("cpu", torch.int32).numpy().astype("<i4").tobytes(),
             "dtype": "<f4",
             "value": _to_bytes(fields["value"], "<f4"),
         }
@@ -626,7 +635,7 @@ class RandomK(_Sparse):
     codec = "randk"
 
     def _select(self, x: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
-        keys = torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device)
+        keys = _uniform(x, generator)
         return keys.topk(k, dim=-1, sorted=False).indices
 
 

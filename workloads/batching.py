@@ -131,9 +131,9 @@ def _positions(
     replacement: bool,
 ) -> torch.Tensor:
     """``[len(peers), batch_size]`` positions in ``0 .. sizes-1`` for one step."""
-    base = splitmix64(torch.tensor([_signed(seed)], dtype=torch.int64))
+    base = splitmix64(torch.tensor([_signed(seed)], dtype=torch.int64, device=peers.device))
     per_peer = splitmix64(base ^ peers)
-    slots = torch.arange(batch_size, dtype=torch.int64)
+    slots = torch.arange(batch_size, dtype=torch.int64, device=peers.device)
     if replacement:
         per_step = splitmix64(per_peer ^ _signed(step))
         bits = _shift_right(splitmix64(per_step[:, None] + slots), 1)  # 63 uniform bits, >= 0
@@ -204,10 +204,10 @@ class StackedBatchSampler:
         self.batch_size = batch_size
         self.seed = seed
         self.replacement = replacement
-        self.sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        self.sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64, device="cpu")
         # Padded table [n, max size]; padding is never addressed (positions < size).
         self.table = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True, padding_value=0)
-        self._peers = torch.arange(self.num_peers, dtype=torch.int64)
+        self._peers = torch.arange(self.num_peers, dtype=torch.int64, device="cpu")
 
     def indices(self, step: int) -> torch.Tensor:
         """``[n, B]`` training-set indices of every peer's batch at ``step``."""
@@ -250,8 +250,8 @@ class PeerBatchSampler:
         self.peer = peer
         self.start_step = start_step
         self.replacement = replacement
-        self._size = torch.tensor([len(indices)], dtype=torch.int64)
-        self._peer = torch.tensor([peer], dtype=torch.int64)
+        self._size = torch.tensor([len(indices)], dtype=torch.int64, device="cpu")
+        self._peer = torch.tensor([peer], dtype=torch.int64, device="cpu")
 
     def indices(self, step: int) -> torch.Tensor:
         """``[B]`` training-set indices of this peer's batch at ``step``."""
