@@ -80,6 +80,11 @@ class Context:
         return self.peers.n
 
     @property
+    def device(self) -> torch.device:
+        """Where the peers' parameters live; every per-round tensor is made there."""
+        return self.peers.params.device
+
+    @property
     def honest(self) -> Tensor:
         return ~self.byzantine
 
@@ -90,12 +95,12 @@ class Context:
 
     def batch(self) -> tuple[Tensor, Tensor]:
         """Every peer's next minibatch from its own partition: ``x [n, B, ...]``, ``y [n, B]``."""
-        index = self.sampler.indices(self.batches_drawn)
+        index = self.sampler.indices(self.batches_drawn).to(self.x_train.device)
         self.batches_drawn += 1
         return self.x_train[index], self.y_train[index]
 
     def alive(self) -> Tensor:
-        return torch.from_numpy(self.failures.alive(self.time))
+        return torch.from_numpy(self.failures.alive(self.time)).to(self.device)
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,7 @@ class _Synchronous:
         if rows.numel():
             self.model.grad = grads[rows].mean(dim=0, keepdim=True)
             self.optimizer.step()
-        ctx.step_count[alive.numpy()] += 1
+        ctx.step_count[alive.cpu().numpy()] += 1
         return alive, _mean_loss(losses, alive)
 
     def models(self, ctx: Context) -> Tensor:
@@ -207,7 +212,7 @@ class RingAllReduce(_Synchronous):
 
     def round(self, ctx: Context) -> RoundReport:
         alive, loss = self._gradient_step(ctx)
-        members = alive.nonzero().squeeze(1).numpy()
+        members = alive.nonzero().squeeze(1).cpu().numpy()
         p = len(members)
         compute = ctx.compute.sample(ctx.round, members)
         time = synchronous_round_time(
@@ -237,7 +242,7 @@ class ParameterServer(_Synchronous):
 
     def round(self, ctx: Context) -> RoundReport:
         alive, loss = self._gradient_step(ctx)
-        members = alive.nonzero().squeeze(1).numpy()
+        members = alive.nonzero().squeeze(1).cpu().numpy()
         compute = ctx.compute.sample(ctx.round, members)
         communication = parameter_server_time(
             ctx.links,
@@ -318,7 +323,7 @@ class AsynchronousParameterServer:
             for w in remaining:
                 (rest if w in seen else wave).append(w)
                 seen.add(w)
-            rows = torch.tensor(wave)
+            rows = torch.tensor(wave, device=ctx.device)
             x, y = ctx.batch()
             losses, grads = ctx.peers.gradients(x[rows], y[rows], self.pulled[rows])
             losses_seen.append(losses)
@@ -366,7 +371,7 @@ class EASGD:
 
     def round(self, ctx: Context) -> RoundReport:
         alive = ctx.alive()
-        losses = torch.zeros(ctx.n)
+        losses = torch.zeros(ctx.n, device=ctx.device)
         compute = np.zeros(ctx.n)
         for local in range(self.period):
             x, y = ctx.batch()
@@ -378,7 +383,9 @@ class EASGD:
             difference = self.workers[members] - self.centre
             self.workers[members] -= self.alpha * difference
             self.centre += self.alpha * difference.sum(dim=0, keepdim=True)
-        return _server_round(ctx, members.numpy(), compute, self.period, _mean_loss(losses, alive))
+        return _server_round(
+            ctx, members.cpu().numpy(), compute, self.period, _mean_loss(losses, alive)
+        )
 
     def models(self, ctx: Context) -> Tensor:
         return self.centre
@@ -402,18 +409,18 @@ class FedAvg:
 
     def setup(self, ctx: Context) -> None:
         self.model = ctx.peers.params[:1].clone()
-        self.sizes = ctx.sampler.sizes.to(self.model.dtype)
+        self.sizes = ctx.sampler.sizes.to(self.model.device, self.model.dtype)
 
     def round(self, ctx: Context) -> RoundReport:
         alive = ctx.alive()
         count = max(1, round(self.fraction * ctx.n))
         generator = torch.Generator().manual_seed(ctx.seed * 1_000_003 + ctx.round)
-        chosen = torch.zeros(ctx.n, dtype=torch.bool)
-        chosen[torch.randperm(ctx.n, generator=generator)[:count]] = True
-        chosen &= alive
+        chosen = torch.zeros(ctx.n, dtype=torch.bool, device="cpu")
+        chosen[torch.randperm(ctx.n, generator=generator, device="cpu")[:count]] = True
+        chosen = chosen.to(ctx.device) & alive
         clients = self.model.expand(ctx.n, -1).clone()
         optimizer = ctx.optimizer.build(clients)  # fresh local optimizer state each round
-        losses = torch.zeros(ctx.n)
+        losses = torch.zeros(ctx.n, device=ctx.device)
         compute = np.zeros(ctx.n)
         for local in range(self.local_steps):
             x, y = ctx.batch()
@@ -425,7 +432,7 @@ class FedAvg:
             weights = self.sizes[index] / self.sizes[index].sum()
             self.model = (weights.unsqueeze(1) * clients[index]).sum(dim=0, keepdim=True)
         return _server_round(
-            ctx, index.numpy(), compute, self.local_steps, _mean_loss(losses, chosen)
+            ctx, index.cpu().numpy(), compute, self.local_steps, _mean_loss(losses, chosen)
         )
 
     def models(self, ctx: Context) -> Tensor:

@@ -35,6 +35,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         )
         sub.add_argument("--rounds", type=int, help="override the file's rounds")
         sub.add_argument("--seed", type=int, help="override the file's seed")
+        sub.add_argument(
+            "--device",
+            help="override the file's device: auto (the GPU when there is one), cpu, cuda, "
+            "cuda:INDEX (default: the file's, else cpu)",
+        )
         sub.add_argument("--jsonl", type=Path, help="write the records as JSON lines")
         sub.add_argument(
             "--plot", type=Path, help="draw accuracy vs time / bytes, consensus distance"
@@ -56,6 +61,8 @@ def _override(config: ExperimentConfig, args: argparse.Namespace) -> ExperimentC
         changes["rounds"] = args.rounds
     if args.seed is not None:
         changes["seed"] = args.seed
+    if args.device is not None:
+        changes["device"] = args.device
     return dataclasses.replace(config, **changes) if changes else config
 
 

@@ -12,6 +12,7 @@ A complete file (every key optional except where noted)::
     seed = 0
     rounds = 100
     eval_every = 10
+    device = "cpu"                 # "auto" (the GPU if there is one), "cuda", "cuda:1"
 
     [workload]
     dataset = "mnist1d"            # workloads spec, e.g. "synthetic:num_samples=2000"
@@ -89,6 +90,7 @@ from sim.algorithms import (
 from sim.engine import BatchedPeers
 from sim.metrics import Evaluation
 from sim.network import COMPUTE_DISTRIBUTIONS, ComputeModel, Crash, Failures, Links
+from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN, resolve_device
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -352,6 +354,7 @@ class ExperimentConfig:
     seed: int = 0
     rounds: int = 100
     eval_every: int = 10
+    device: str = "cpu"
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -363,6 +366,8 @@ class ExperimentConfig:
         _int("seed", self.seed, 0)
         _int("rounds", self.rounds, 0)
         _int("eval_every", self.eval_every, 1)
+        if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
+            raise _fail("device", f"must be {DEVICE_CHOICES}; got {self.device!r}")
         _choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
         _float("optimizer.lr", self.optimizer.lr, 0.0, open_low=True)
         _float("optimizer.momentum", self.optimizer.momentum, 0.0, 0.999999)
@@ -555,6 +560,10 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
 
     w, net = config.workload, config.network
     try:
+        device = resolve_device(config.device)
+    except ValueError as error:
+        raise _fail("device", str(error)) from None
+    try:
         data = _load_dataset(w)
     except (ValueError, ImportError) as error:
         raise _fail("workload.dataset", str(error)) from None
@@ -570,11 +579,13 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     def factory() -> torch.nn.Module:
         return build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
 
-    peers = BatchedPeers(factory, w.peers, init=w.init, seed=config.seed)
+    peers = BatchedPeers(factory, w.peers, init=w.init, seed=config.seed, device=device)
+    data = data.to(device)
     byzantine = torch.zeros(w.peers, dtype=torch.bool)
     if config.byzantine.count:
         generator = torch.Generator().manual_seed(config.seed)
         byzantine[torch.randperm(w.peers, generator=generator)[: config.byzantine.count]] = True
+    byzantine = byzantine.to(device)
     ctx = Context(
         peers=peers,
         sampler=StackedBatchSampler(parts, w.batch_size, seed=config.seed),

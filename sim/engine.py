@@ -86,6 +86,10 @@ class BatchedPeers:
             always ``vmap(grad)``; ``"linear"``: the chain kernels, and a ``ValueError``
             saying why when the model does not qualify. Both give the same gradients up to
             float rounding (tested); :attr:`kernel` says which one is in use.
+        device: where the stacked parameters, the model's buffers and everything the engine
+            derives from them live (``"cpu"``, ``"cuda"``, ``"cuda:1"``; see
+            :func:`workloads.resolve_device`). Initial weights are drawn on the CPU and
+            moved, so they are the same on every device.
 
     Example::
 
@@ -106,6 +110,7 @@ class BatchedPeers:
         loss: LossFunction | None = None,
         dtype: torch.dtype = torch.float32,
         kernel: str = "auto",
+        device: torch.device | str = "cpu",
     ) -> None:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n: number of peers must be an integer >= 1, got {n!r}")
@@ -132,7 +137,8 @@ class BatchedPeers:
         if self.layout.numel == 0:
             raise ValueError("model: has no parameters to train (numel 0)")
         self.loss: LossFunction = loss if loss is not None else nn.functional.cross_entropy
-        self.buffers = {name: b.detach() for name, b in template.named_buffers()}
+        device = torch.device(device)
+        self.buffers = {name: b.detach().to(device) for name, b in template.named_buffers()}
         first = _flat(self.layout, template).to(dtype)
         if init == "same":
             stacked = first.unsqueeze(0).repeat(n, 1)
@@ -143,7 +149,8 @@ class BatchedPeers:
             stacked[0] = first
             for i in range(1, n):  # construction only, once per run
                 stacked[i] = _flat(self.layout, _seeded_copy(factory, seed + i)).to(dtype)
-        self.params: Tensor = stacked
+        # built on the CPU under the seed (same initial weights on every device), then moved
+        self.params: Tensor = stacked.to(device)
         # differentiate w.r.t. per-parameter views of each row (not the flat row: the backward
         # of n slices of one flat vector would zero-fill and add n full [n, d] buffers).
         # vmap(grad) rather than vmap(forward) + one backward of the summed losses: the latter
@@ -248,7 +255,7 @@ class BatchedPeers:
             self._flatten_into(grads, out)
             return losses.detach(), out
         out = torch.empty_like(flat) if out is None else out
-        losses = torch.empty(m, dtype=flat.dtype)
+        losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
         for start in range(0, m, block):
             rows = slice(start, start + block)
             views = self.layout.unflatten(flat[rows])
@@ -287,8 +294,8 @@ class BatchedPeers:
         flat = self.params if params is None else params
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-        correct = torch.zeros(flat.shape[0], dtype=torch.float64)
-        total_loss = torch.zeros(flat.shape[0], dtype=torch.float64)
+        correct = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+        total_loss = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
         loss_per_model = vmap(self.loss, in_dims=(0, None))
         for start in range(0, x.shape[0], batch_size):
             xb, yb = x[start : start + batch_size], y[start : start + batch_size]
@@ -454,7 +461,7 @@ class BlockedOptimizer:
                 f"x, y: leading dimension must be the number of peers {n}, "
                 f"got {tuple(x.shape)} and {tuple(y.shape)}"
             )
-        losses = torch.empty(n, dtype=self.params.dtype)
+        losses = torch.empty(n, dtype=self.params.dtype, device=self.params.device)
         for index, (block, optimizer) in enumerate(zip(self.blocks, self.optimizers)):
             rows = slice(index * self.block_rows, index * self.block_rows + block.shape[0])
             if active is not None and not bool(active[rows].any()):
@@ -554,9 +561,10 @@ def gather_mix(
             between rounds so that no fresh ``[n, d]`` pages are faulted in every round.
     """
     sent = values if sent is None else sent
-    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long)
-    weight = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype)
-    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool)
+    device = values.device
+    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long, device=device)
+    weight = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype, device=device)
+    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool, device=device)
     n = values.shape[0]
     if index.shape[0] != n:
         raise ValueError(f"table: has {index.shape[0]} rows but there are {n} peers")
@@ -616,7 +624,9 @@ def sparse_gossip_matrix(
         (torch.cat((rows, rows.repeat_interleave(k))), torch.cat((rows, index.reshape(-1))))
     )
     values = torch.cat((self_weight, w.reshape(-1)))
-    matrix = torch.sparse_coo_tensor(coordinates, values, (n, n), check_invariants=True)
+    matrix = torch.sparse_coo_tensor(
+        coordinates, values, (n, n), check_invariants=True, device=values.device
+    )
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return matrix.coalesce().to_sparse_csr()

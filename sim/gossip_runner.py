@@ -106,7 +106,10 @@ def byzantine_messages(
     honest_mask = mask & ~byzantine[index]
     target = sent[rows]
     honest = torch.cat([target.unsqueeze(1), received[rows]], dim=1)
-    visible = torch.cat([torch.ones(rows.numel(), 1, dtype=torch.bool), honest_mask[rows]], dim=1)
+    visible = torch.cat(
+        [torch.ones(rows.numel(), 1, dtype=torch.bool, device=rows.device), honest_mask[rows]],
+        dim=1,
+    )
     present = torch.where(mask, weights, 0.0)
     self_weight = 1.0 - present.sum(-1)
     honest_weights = torch.cat(
@@ -127,8 +130,8 @@ def byzantine_messages(
             byzantine_weight=byzantine_weight[group],
             generator=generator,
         ).to(malicious.dtype)
-    per_row = torch.zeros(received.shape[0], dtype=torch.long)
-    per_row[rows] = torch.arange(rows.numel())
+    per_row = torch.zeros(received.shape[0], dtype=torch.long, device=rows.device)
+    per_row[rows] = torch.arange(rows.numel(), device=rows.device)
     out[receivers, positions] = malicious.to(out.dtype)[per_row[receivers]]
     return out
 
@@ -136,7 +139,7 @@ def byzantine_messages(
 def _attack_groups(attack: Attack, sizes: Tensor, counts: Tensor) -> list[tuple[Attack, Tensor]]:
     """The attack for each group of receivers: ALIE (without a fixed ``z``) once per distinct
     (neighbourhood size n, Byzantine neighbours f), any other attack once for all."""
-    everyone = torch.arange(sizes.numel())
+    everyone = torch.arange(sizes.numel(), device=sizes.device)
     if not isinstance(attack, ALittleIsEnough) or attack.z is not None:
         return [(attack, everyone)]
     pairs = torch.stack([sizes, counts], dim=1)
@@ -179,7 +182,7 @@ class SynchronousGossip:
                 f"schedule: has {self.schedule.n} nodes but the simulation has {ctx.n} peers"
             )
         table = self.schedule.neighbour_table(0)
-        full = torch.as_tensor(table.mask, dtype=torch.bool)
+        full = torch.as_tensor(table.mask, dtype=torch.bool, device=ctx.device)
         if not bool(self._enough(full).all()):
             smallest = int(full.sum(dim=1).min()) + 1
             raise ValueError(
@@ -197,7 +200,7 @@ class SynchronousGossip:
     def round(self, ctx: Context) -> RoundReport:
         alive = ctx.alive()
         table = self.schedule.neighbour_table(ctx.round)
-        losses = torch.full((ctx.n,), float("nan"))
+        losses = torch.full((ctx.n,), float("nan"), device=ctx.device)
         grads: Tensor | None = None
         local_steps = 0
         exchanges = 0
@@ -223,12 +226,12 @@ class SynchronousGossip:
             else:
                 sent_bytes += self._exchange(ctx, table, alive)
                 exchanges += 1
-        ctx.step_count[alive.numpy()] += local_steps
+        ctx.step_count[alive.cpu().numpy()] += local_steps
         compute = np.zeros(ctx.n)
         for local in range(local_steps):
             compute += ctx.compute.sample(ctx.round * max(local_steps, 1) + local)
         communication = exchanges * self._send_time(ctx, table, alive)
-        up = alive.numpy()
+        up = alive.cpu().numpy()
         time = float((compute + communication)[up].max()) if up.any() else 0.0
         honest_alive = alive & ctx.honest
         return RoundReport(
@@ -239,17 +242,19 @@ class SynchronousGossip:
         )
 
     def _exchange(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
-        index = torch.as_tensor(table.index, dtype=torch.long)
-        listening = torch.as_tensor(table.mask, dtype=torch.bool)
+        device = ctx.device
+        index = torch.as_tensor(table.index, dtype=torch.long, device=device)
+        listening = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
         mask = listening & alive[index]
-        mask &= torch.from_numpy(ctx.failures.delivered(ctx.round, tuple(index.shape)))
+        delivered = ctx.failures.delivered(ctx.round, tuple(index.shape))
+        mask &= torch.from_numpy(delivered).to(device)
         # a dead receiver, or one that heard from too few neighbours for the rule's bound,
         # keeps its state this exchange: mix it with the full table, then restore its rows
         frozen = ~alive | ~self._enough(mask)
         mask = torch.where(frozen.unsqueeze(1), listening, mask)
         message = self.algorithm.message(self.state)
-        weights = torch.as_tensor(table.weight, dtype=message.dtype)
-        self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype)
+        weights = torch.as_tensor(table.weight, dtype=message.dtype, device=device)
+        self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype, device=device)
         compressed = self.algorithm.compressor.compress(message, self.generator)
         self.wire_bytes = compressed.wire_bytes
         sent = compressed.values
@@ -293,8 +298,8 @@ class SynchronousGossip:
     ) -> np.ndarray:
         """Each live sender transmits its payload once per receiver that listens to it."""
         heard_by = listening & alive.unsqueeze(1)
-        out_degree = np.bincount(index[heard_by].numpy(), minlength=ctx.n)
-        return np.where(alive.numpy(), out_degree * wire_bytes, 0).astype(np.float64)
+        out_degree = np.bincount(index[heard_by].cpu().numpy(), minlength=ctx.n)
+        return np.where(alive.cpu().numpy(), out_degree * wire_bytes, 0).astype(np.float64)
 
     def _streams(self, ctx: Context, sent: Tensor) -> bool:
         """Whether this exchange can mix chunk by chunk (:func:`sim.engine.gather_mix`): plain
@@ -325,7 +330,7 @@ class SynchronousGossip:
 
     def _send_time(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
         """Per sender j: ``Σ_{i listening to j} (α_ji + M_enc/B_ji)`` for one exchange."""
-        mask = np.asarray(table.mask) & alive.numpy()[:, None]
+        mask = np.asarray(table.mask) & alive.cpu().numpy()[:, None]
         receivers = np.broadcast_to(np.arange(ctx.n)[:, None], mask.shape)[mask]
         senders = np.asarray(table.index)[mask]
         size = getattr(self, "wire_bytes", ctx.model_bytes)
@@ -396,18 +401,20 @@ class AsynchronousGossip:
         return RoundReport(max(time - start, 0.0), sent, steps=done, train_loss=loss)
 
     def _apply(self, ctx: Context, wave: list[Event], sent: np.ndarray) -> Tensor:
-        peers = torch.tensor([e.peer for e in wave])
+        peers = torch.tensor([e.peer for e in wave], device=ctx.device)
         x, y = ctx.batch()
         losses, grads = ctx.peers.gradients(x[peers], y[peers], self.parameters[peers])
-        pairs = torch.tensor([[e.peer, e.partner] for e in wave if e.partner >= 0]).reshape(-1, 2)
+        pairs = torch.tensor(
+            [[e.peer, e.partner] for e in wave if e.partner >= 0], device=ctx.device
+        ).reshape(-1, 2)
         pairwise_average(self.parameters, pairs)
         full = torch.zeros_like(self.parameters)
         full[peers] = grads
         self.parameters.grad = full
-        active = torch.zeros(ctx.n, dtype=torch.bool)
+        active = torch.zeros(ctx.n, dtype=torch.bool, device=ctx.device)
         active[peers] = True
         masked_step(self.optimizer, self.parameters, active)
-        np.add.at(ctx.step_count, peers.numpy(), 1)
+        np.add.at(ctx.step_count, peers.cpu().numpy(), 1)
         for e in wave:
             if e.partner >= 0:
                 sent[e.peer] += ctx.model_bytes

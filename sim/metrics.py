@@ -96,8 +96,9 @@ class Evaluation:
             rows = models
             if models.shape[0] > self.peer_limit:
                 generator = torch.Generator().manual_seed(self.seed)
-                pick = torch.randperm(models.shape[0], generator=generator)[: self.peer_limit]
-                rows = models[pick]
+                pick = torch.randperm(models.shape[0], generator=generator, device="cpu")
+                pick = pick[: self.peer_limit]
+                rows = models[pick.to(models.device)]
             per_peer, _ = peers.evaluate(self.x_test, self.y_test, rows, batch_size=self.batch_size)
         return {
             "test_accuracy": float(accuracy[0]),
