@@ -10,52 +10,23 @@ with W from ``topologies.mixing_matrix`` (Metropolis-Hastings by default for an
 undirected graph, Xiao & Boyd 2004; uniform 1/(1 + ceil(log2 n)) for the directed
 exponential graph, Assran et al. 2019) or from a time-varying
 ``topologies.Schedule`` (``one-peer-exponential``, Ying et al. 2021;
-``random-matching``; ``random-k-out``). A round trip is bidirectional, so a peer
-exchanges with the union of the nodes it receives from and the nodes that
-receive from it (its *partners*), and mixes only what row r says it receives.
+``random-matching``; ``random-k-out``), built from the spec by
+``topologies.build_schedule`` exactly as the simulator builds it. A round trip is
+bidirectional, so a peer exchanges with the union of the nodes it receives from and
+the nodes that receive from it (its *partners*), and mixes only what row r says it
+receives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import topologies
 from peer.membership import check_address
 
-SCHEDULES = ("one-peer-exponential", "random-matching", "random-k-out")
-"""Time-varying topologies (``topologies.Schedule``); every other name is a static graph."""
-
-
-def topology_names() -> list[str]:
-    """Every name ``--topology`` accepts: the static graphs and the schedules."""
-    return [*topologies.TOPOLOGIES, *SCHEDULES]
-
-
-def _value(text: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_topology(spec: str) -> tuple[str, dict[str, int | float | str]]:
-    """``"random-regular:degree=4,seed=1"`` -> ``("random-regular", {"degree": 4, "seed": 1})``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"topology must be one of {topology_names()}, got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
-    name = name.strip().lower().replace("_", "-")
-    if name not in topologies.TOPOLOGIES and name not in SCHEDULES:
-        raise ValueError(f"topology must be one of {topology_names()}, got {spec!r}")
-    params: dict[str, int | float | str] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"topology parameters must be KEY=VALUE, got {item!r} in {spec!r}")
-        params[key.strip().replace("-", "_")] = _value(value.strip())
-    return name, params
+topology_names = topologies.topology_names
+"""Every name ``--topology`` accepts (re-exported: the spec grammar lives in ``topologies``)."""
 
 
 def read_peer_list(path: str | Path) -> tuple[str, ...]:
@@ -114,25 +85,10 @@ class TopologyNeighbours:
             raise ValueError(f"rank must be an integer in [0, {n}) for {n} peers, got {rank!r}")
         self.addresses = tuple(addresses)
         self.rank = rank
-        self.name, params = parse_topology(spec)
-        self.schedule: topologies.Schedule
-        try:
-            if self.name == "one-peer-exponential":
-                _no_params(self.name, params, ())
-                self.schedule = topologies.OnePeerExponential(n)
-            elif self.name == "random-matching":
-                _no_params(self.name, params, ("seed",))
-                self.schedule = topologies.RandomMatching(n, seed=int(params.get("seed", seed)))
-            elif self.name == "random-k-out":
-                _no_params(self.name, params, ("k", "seed"))
-                self.schedule = topologies.RandomKOut(
-                    n, int(params.get("k", 1)), seed=int(params.get("seed", seed))
-                )
-            else:
-                graph = topologies.build(self.name, n, **params)
-                self.schedule = topologies.Static(topologies.mixing_matrix(graph, weights=weights))
-        except TypeError as error:
-            raise ValueError(f"topology {spec!r}: {error}") from None
+        self.name = topologies.parse_spec(spec)[0]
+        self.schedule: topologies.Schedule = topologies.build_schedule(
+            spec, n, weights=weights, seed=seed
+        )
         self._round: int | None = None
         self._weights: dict[str, float] = {}
         self._partners: frozenset[str] = frozenset()
@@ -168,12 +124,3 @@ class TopologyNeighbours:
         """Addresses this rank exchanges with in round t (it receives from or sends to them)."""
         self._at(t)
         return self._partners
-
-
-def _no_params(name: str, params: Mapping[str, object], allowed: tuple[str, ...]) -> None:
-    for key in params:
-        if key not in allowed:
-            raise ValueError(
-                f"topology {name} takes no parameter {key!r}; its parameters: "
-                f"{', '.join(allowed) or 'none'}"
-            )

@@ -6,6 +6,7 @@
 >>> round(topologies.spectral_gap(W), 4)
 0.2857
 >>> table = topologies.neighbour_table(W)        # padded [n, k] arrays for the runners
+>>> schedule = topologies.build_schedule("random-regular:degree=4", 64, seed=1)  # from a spec
 
 See ``docs/topologies.md`` for every topology, its spectral gap, and when to use it.
 """
@@ -34,7 +35,7 @@ from topologies.mixing import (
     uniform,
     validate_mixing,
 )
-from topologies.neighbours import NeighbourTable, neighbour_table
+from topologies.neighbours import NeighbourTable, neighbour_table, smallest_neighbourhood
 from topologies.registry import TOPOLOGIES, TopologySpec, build, canonical_name
 from topologies.schedules import (
     OnePeerExponential,
@@ -42,6 +43,13 @@ from topologies.schedules import (
     RandomMatching,
     Schedule,
     Static,
+)
+from topologies.specs import (
+    SCHEDULES,
+    ScheduleSpec,
+    build_schedule,
+    parse_spec,
+    topology_names,
 )
 from topologies.spectral import (
     DENSE_LIMIT,
@@ -52,6 +60,7 @@ from topologies.spectral import (
 
 __all__ = [
     "DENSE_LIMIT",
+    "SCHEDULES",
     "TOPOLOGIES",
     "WEIGHT_SCHEMES",
     "MixingMatrixError",
@@ -60,10 +69,12 @@ __all__ = [
     "RandomKOut",
     "RandomMatching",
     "Schedule",
+    "ScheduleSpec",
     "Static",
     "TopologyError",
     "TopologySpec",
     "build",
+    "build_schedule",
     "canonical_name",
     "complete",
     "contraction_factor",
@@ -78,12 +89,15 @@ __all__ = [
     "metropolis_hastings",
     "mixing_matrix",
     "neighbour_table",
+    "parse_spec",
     "random_regular",
     "ring",
     "rounds_to_consensus",
     "small_world",
+    "smallest_neighbourhood",
     "spectral_gap",
     "star",
+    "topology_names",
     "torus",
     "uniform",
     "validate_mixing",

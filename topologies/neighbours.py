@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    from topologies.schedules import Schedule
 
 
 @dataclass(frozen=True)
@@ -93,3 +97,17 @@ def neighbour_table(matrix: sp.sparray | np.ndarray, *, width: int | None = None
     weight[rows, slot] = data
     mask[rows, slot] = True
     return NeighbourTable(index=index, weight=weight, mask=mask, self_weight=w.diagonal().copy())
+
+
+def smallest_neighbourhood(schedule: Schedule, t: int = 0) -> int:
+    """min_i (1 + |in-neighbours of i in round t|): the fewest vectors any node aggregates.
+
+    A node combines its own vector with every present entry of its row of
+    ``schedule.neighbour_table(t)``, so this is the n a robust aggregation rule's size check
+    ("own + neighbours") sees at the worst-placed node: 3 on a ring, 2 on a star (the leaves)
+    or on one-peer exponential, n on the complete graph.
+    """
+    table = schedule.neighbour_table(t)
+    if table.n == 0:
+        raise ValueError("schedule has no nodes: a neighbourhood needs at least one")
+    return 1 + int(table.degree.min())

@@ -10,21 +10,33 @@ import pytest
 
 import topologies
 from peer.launch import free_ports
-from peer.topology import TopologyNeighbours, parse_topology, read_peer_list
+from peer.topology import TopologyNeighbours, read_peer_list, topology_names
 
 from .conftest import started_peer
 
 
-def test_parse_topology_spec() -> None:
-    assert parse_topology("random-regular:degree=3,seed=1") == (
-        "random-regular",
-        {"degree": 3, "seed": 1},
-    )
-    assert parse_topology("One_Peer_Exponential") == ("one-peer-exponential", {})
-    with pytest.raises(ValueError, match=r"topology must be one of .*ring"):
-        parse_topology("moebius")
-    with pytest.raises(ValueError, match="KEY=VALUE"):
-        parse_topology("ring:3")
+def test_topology_names_are_the_shared_specs() -> None:
+    assert topology_names() == topologies.topology_names()
+    assert {"ring", "exponential", "one-peer-exponential", "random-k-out"} <= set(topology_names())
+
+
+def test_neighbours_use_the_shared_spec_builder() -> None:
+    addresses = [f"127.0.0.1:{7000 + i}" for i in range(8)]
+    for spec in ("random-k-out:k=2", "random-regular:degree=3,seed=1", "random-matching"):
+        neighbours = TopologyNeighbours(spec, addresses, 3, seed=5)
+        expected = topologies.build_schedule(spec, 8, seed=5).neighbour_table(2)
+        row = {addresses[int(j)] for j in expected.index[3][expected.mask[3]]}
+        assert set(neighbours.weights(2)) == row
+    k_out = TopologyNeighbours("random-k-out:seed=3", addresses, 0, seed=9)
+    assert isinstance(k_out.schedule, topologies.RandomKOut)
+    assert (k_out.schedule.k, k_out.schedule.seed) == (1, 3)
+    assert k_out.name == "random-k-out"
+    with pytest.raises(ValueError, match=r"unknown topology 'moebius'.*ring"):
+        TopologyNeighbours("moebius", addresses, 0)
+    with pytest.raises(ValueError, match=r"parameter '3' is not KEY=VALUE"):
+        TopologyNeighbours("ring:3", addresses, 0)
+    with pytest.raises(ValueError, match=r"weights='metropolis' applies only to static graphs"):
+        TopologyNeighbours("random-matching", addresses, 0, weights="metropolis")
 
 
 def test_rows_partners_and_schedules() -> None:
