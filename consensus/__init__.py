@@ -12,7 +12,9 @@ weights W_ij; the self weight is 1 - sum). Build one by spec string::
 
 ``consensus.weighted_mean`` / ``WeightedMean`` (spec ``mean``) is THE gossip
 averaging that ``gossip``, ``sim`` and ``peer`` call; ``consensus.all_finite`` is
-the cheap exact NaN/Inf check they share. See ``docs/consensus.md``.
+the cheap exact NaN/Inf check they share. ``consensus.byzantine_messages`` (all inboxes at
+once, the simulator) and ``consensus.byzantine_message`` (one Byzantine node to one receiver,
+a peer) inject an attack's messages by one rule. See ``docs/consensus.md``.
 """
 
 from consensus._inputs import all_finite
@@ -35,6 +37,7 @@ from consensus.attacks import (
 from consensus.base import Aggregator, Rule
 from consensus.build import AGGREGATORS, build, describe_aggregators
 from consensus.clipping import CenteredClipping, ClippedGossip, GeometricMedian
+from consensus.injection import byzantine_message, byzantine_messages
 from consensus.krum import Bulyan, Krum, MultiKrum
 from consensus.mean import WeightedMean, weighted_mean
 from consensus.order_statistics import CoordinateWiseMedian, TrimmedMean
@@ -74,6 +77,8 @@ __all__ = [
     "all_finite",
     "build",
     "build_attack",
+    "byzantine_message",
+    "byzantine_messages",
     "describe_aggregators",
     "describe_attacks",
     "weighted_mean",

@@ -30,7 +30,19 @@ from consensus.registry import Entry, Parameter, describe, parse_component
 
 @runtime_checkable
 class Attack(Protocol):
-    """What a Byzantine node sends; see the module docstring for the arguments."""
+    """What a Byzantine node sends; see the module docstring for the arguments.
+
+    ``needs_honest`` says whether the attack reads the honest messages (an omniscient
+    attack, sent once per receiver) or only the sender's own message (sent per edge).
+    ``for_neighbourhood(n, f)`` is the attack to run against one receiver whose
+    neighbourhood holds n vectors (own included) of which f come from Byzantine
+    neighbours; :mod:`consensus.injection` calls it so that attacks whose formula depends
+    on (n, f) (ALIE) see each receiver's real neighbourhood.
+    """
+
+    needs_honest: ClassVar[bool]
+
+    def for_neighbourhood(self, n: int, f: int) -> Attack: ...
 
     def __call__(
         self,
@@ -75,6 +87,18 @@ class AttackBase:
 
     def reset(self) -> None:
         self._generator.manual_seed(self.seed)
+
+    def for_neighbourhood(self, n: int, f: int) -> Attack:
+        """The attack against a receiver with n = own + present neighbours, f of them Byzantine.
+
+        Most attacks do not depend on (n, f) and return themselves; see
+        :meth:`ALittleIsEnough.for_neighbourhood`.
+        """
+        n = check_int(self.name, "n", n, 1)
+        f = check_int(self.name, "f", f, 0)
+        if f >= n:
+            raise ValueError(f"{self.name}: needs 0 <= f < n for a neighbourhood, got n={n}, f={f}")
+        return self
 
     def __call__(
         self,
@@ -140,11 +164,15 @@ class AttackBase:
 
 
 def honest_statistics(honest: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Coordinate-wise mean and (unbiased, 0 for one message) standard deviation over present rows."""
-    m = mask.to(honest.dtype)[..., None]
-    count = m.sum(-2)
-    mean = (honest * m).sum(-2) / count
-    var = (((honest - mean.unsqueeze(-2)) * m) ** 2).sum(-2) / (count - 1).clamp_min(1)
+    """Coordinate-wise mean and (unbiased, 0 for one message) standard deviation over present rows.
+
+    Absent rows may hold anything, NaN included: they are selected away, not multiplied by 0.
+    """
+    present = mask[..., None]
+    count = mask.to(honest.dtype).sum(-1, keepdim=True)
+    mean = torch.where(present, honest, 0.0).sum(-2) / count
+    spread = torch.where(present, honest - mean.unsqueeze(-2), 0.0)
+    var = (spread**2).sum(-2) / (count - 1).clamp_min(1)
     return mean, var.sqrt()
 
 
@@ -235,6 +263,24 @@ class ALittleIsEnough(AttackBase):
             alie_z(self.n, self.f)
         super().__init__()
 
+    def for_neighbourhood(self, n: int, f: int) -> Attack:
+        """ALIE with z from this receiver's real neighbourhood: ``ALittleIsEnough(f=f, n=n)``.
+
+        Baruch et al. (2019) set z from the number of nodes n and Byzantine nodes f; against
+        one gossip receiver those are its own neighbourhood (n = own + present neighbours)
+        and its Byzantine neighbours. Returns ``self`` when ``z`` is fixed, and where the
+        formula is undefined at (n, f) (a Byzantine majority at the receiver, s <= 0): the
+        attack then runs as configured.
+        """
+        super().for_neighbourhood(n, f)
+        if self.z is not None:
+            return self
+        try:
+            alie_z(n, f)
+        except ValueError:  # (n - f - s) / (n - f) outside (0, 1): no z at this receiver
+            return self
+        return ALittleIsEnough(f=f, n=n)
+
     def _send(
         self, own: Tensor, honest: Tensor | None, honest_mask: Tensor | None, **_: Any
     ) -> Tensor:
@@ -311,7 +357,8 @@ class Dissensus(AttackBase):
                 "dissensus: byzantine_weight must be > 0 (the target's weight on Byzantine neighbours)"
             )
         w = torch.where(honest_mask, weights.to(own.dtype), 0.0)
-        pull = torch.matmul(w.unsqueeze(-2), honest - target.unsqueeze(-2)).squeeze(-2)
+        away = torch.where(honest_mask.unsqueeze(-1), honest - target.unsqueeze(-2), 0.0)
+        pull = torch.matmul(w.unsqueeze(-2), away).squeeze(-2)
         return target - self.epsilon * pull / byzantine.unsqueeze(-1)
 
 
