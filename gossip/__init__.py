@@ -52,10 +52,21 @@ from gossip.compression import (
     decode,
     describe_compressors,
 )
+from gossip.configuration import (
+    ALGORITHM_FIELDS,
+    DENSE_COMPRESSORS,
+    GOSSIP_ALGORITHMS,
+    ConfigurationError,
+    GossipConfig,
+    build_algorithm,
+)
 from gossip.flat import FlatParameters, LayoutEntry, ParameterLayout
 
 __all__ = [
+    "ALGORITHM_FIELDS",
     "COMPRESSORS",
+    "DENSE_COMPRESSORS",
+    "GOSSIP_ALGORITHMS",
     "ORDERS",
     "PAYLOAD_ERROR_KINDS",
     "Aggregator",
@@ -65,11 +76,13 @@ __all__ = [
     "Compressed",
     "Compressor",
     "CompressorInfo",
+    "ConfigurationError",
     "DecentralizedSGD",
     "ErrorFeedback",
     "FlatParameters",
     "Float16",
     "GossipAlgorithm",
+    "GossipConfig",
     "GossipState",
     "LayoutEntry",
     "NeighbourTableLike",
@@ -88,6 +101,7 @@ __all__ = [
     "TopK",
     "ad_psgd",
     "average_pair",
+    "build_algorithm",
     "build_compressor",
     "decode",
     "describe_compressors",

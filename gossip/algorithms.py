@@ -80,6 +80,7 @@ __all__ = [
     "ad_psgd",
     "average_pair",
     "local_sgd",
+    "neighbourhood_fits",
     "pairwise_average",
     "synchronous_exchange",
 ]
@@ -133,6 +134,7 @@ class GossipAlgorithm(Protocol[StateT]):
     name: str
     plan: RoundPlan
     compressor: Compressor
+    aggregator: Aggregator
 
     def init(self, x: Tensor) -> StateT: ...
     def model(self, state: StateT) -> Tensor: ...
@@ -169,6 +171,25 @@ def _aggregator(aggregator: Aggregator | None) -> Aggregator:
     if not callable(aggregator):
         raise ValueError(f"aggregator must be a consensus rule, got {aggregator!r}")
     return aggregator
+
+
+def neighbourhood_fits(aggregator: Aggregator, sizes: Tensor) -> Tensor:
+    """``[*]`` bool: whether ``aggregator`` can mix a neighbourhood of ``sizes`` models (own
+    model plus the neighbours whose message arrived).
+
+    A node whose neighbourhood does not fit keeps its own state that exchange, in both
+    runners: the simulator freezes its row, a peer skips mixing that round and says so.
+    """
+    check = getattr(aggregator, "check_size", None)
+    ok = torch.ones_like(sizes, dtype=torch.bool)
+    if check is None:
+        return ok
+    for size in sizes.unique().tolist():
+        try:
+            check(int(size))
+        except ValueError:
+            ok &= sizes != size
+    return ok
 
 
 # ----------------------------------------------------------------------------- D-PSGD
@@ -356,7 +377,7 @@ class PushSum:
     ) -> None:
         self.plan = RoundPlan(order, local_steps)
         self.compressor = _compressor(compressor)
-        self.aggregator = WeightedMean()
+        self.aggregator: Aggregator = WeightedMean()
 
     def __repr__(self) -> str:
         return (
@@ -472,7 +493,7 @@ class Choco:
         self.consensus_step = float(gamma)
         self.plan = RoundPlan(order, local_steps)
         self.compressor = _compressor(compressor)
-        self.aggregator = WeightedMean()
+        self.aggregator: Aggregator = WeightedMean()
 
     def __repr__(self) -> str:
         return (

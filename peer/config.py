@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
-from peer.codecs import DENSE_CODECS
+import topologies
+from gossip.configuration import GOSSIP_ALGORITHMS, ConfigurationError, GossipConfig
 from peer.membership import check_address
 from peer.wire import SENDER_ID_PATTERN
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
@@ -19,11 +20,13 @@ from workloads.device import resolve_device as resolve_device  # re-exported for
 
 Mode = Literal["async", "sync"]
 MODES: tuple[Mode, ...] = ("async", "sync")
-ORDERS = ("combine-then-adapt", "adapt-then-combine")
 ALGORITHMS: dict[str, Mode] = {"ad-psgd": "async", "dpsgd": "sync", "local-sgd": "sync"}
 """Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
-SIMULATOR_ONLY = ("push-sum", "choco")
-"""gossip algorithms the simulator runs but a peer does not (yet): per-neighbour state."""
+SIMULATOR_ONLY = tuple(name for name in GOSSIP_ALGORITHMS if name not in ALGORITHMS)
+"""gossip algorithms the simulator runs but a peer does not yet (docs/algorithms.md says why)."""
+GOSSIP_FIELDS = ("order", "local_steps", "aggregator")
+"""PeerConfig fields that are ``gossip.GossipConfig`` fields of the same name (``codec`` is its
+``compressor``)."""
 
 
 def _int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -57,15 +60,21 @@ class PeerConfig:
     Algorithm:
         algorithm: ``ad-psgd``, ``dpsgd`` or ``local-sgd`` (the simulator's names);
             sets ``mode`` (ad-psgd: async; dpsgd, local-sgd: sync). ``None``: from ``mode``
-            (async: ad-psgd; sync: dpsgd, or local-sgd when ``local_steps > 1``).
+            (async: ad-psgd; sync: dpsgd).
         mode: ``"async"`` (AD-PSGD: average with ``fanout`` random neighbours, one
             pair at a time, Lian et al. ICML 2018) or ``"sync"`` (D-PSGD rounds: mix
             with every neighbour, those missing the deadline masked out, Lian et al.
-            NeurIPS 2017).
-        order: ``"combine-then-adapt"`` or ``"adapt-then-combine"`` (gossip.RoundPlan).
-        local_steps: optimizer steps per gossip round (>= 1).
-        aggregator: a ``consensus.build`` spec (``mean``, ``trimmed-mean:b=1``, ...).
-        codec: ``none``, ``fp16``, ``bf16`` or ``qsgd[:bits=B]`` (dense codecs only).
+            NeurIPS 2017). ``None``: from ``algorithm`` (a contradiction is an error).
+        order, local_steps, aggregator, codec: the algorithm's settings, validated by
+            ``gossip.GossipConfig`` exactly as the simulator validates its ``[algorithm]``
+            table (``codec`` is its ``compressor``). ``None`` takes the algorithm's
+            default; a setting the algorithm does not read is an error. After
+            construction they hold the resolved values (:attr:`gossip` has them all).
+            order: ``combine-then-adapt`` or ``adapt-then-combine`` (dpsgd);
+            local_steps: optimizer steps per round (>= 1 on a peer; local-sgd >= 2);
+            aggregator: a ``consensus.build`` spec (``mean``, ``trimmed-mean:b=1``; for
+            ad-psgd one that can run on the pair's 2 models); codec: ``none``, ``fp16``,
+            ``bf16`` or ``qsgd[:bits=B]``.
         fanout: async mode: neighbours averaged with per round.
         round_deadline_s: sync mode: how long a round waits for neighbours.
         seed: seeds neighbour choice (with the peer id) and data order.
@@ -102,11 +111,11 @@ class PeerConfig:
     client_only: bool = False
     join: Sequence[str] = ()
     fetch_state: bool = True
-    mode: Mode = "async"
-    order: str = "combine-then-adapt"
-    local_steps: int = 1
-    aggregator: str = "mean"
-    codec: str = "none"
+    mode: Mode | None = None
+    order: str | None = None
+    local_steps: int | None = None
+    aggregator: str | None = None
+    codec: str | None = None
     fanout: int = 1
     round_deadline_s: float = 5.0
     seed: int = 0
@@ -150,43 +159,11 @@ class PeerConfig:
         object.__setattr__(self, "join", tuple(self.join))
         for address in self.join:
             check_address(address, field="PeerConfig.join entry")
-        if self.mode not in MODES:
-            raise ValueError(f"PeerConfig.mode must be one of {list(MODES)}, got {self.mode!r}")
-        if self.order not in ORDERS:
-            raise ValueError(f"PeerConfig.order must be one of {list(ORDERS)}, got {self.order!r}")
-        _int("local_steps", self.local_steps, 1)
-        if self.algorithm is None:
-            derived = "ad-psgd" if self.mode == "async" else "dpsgd"
-            if self.mode == "sync" and self.local_steps > 1:
-                derived = "local-sgd"
-            object.__setattr__(self, "algorithm", derived)
-        elif self.algorithm in SIMULATOR_ONLY:
-            raise ValueError(
-                f"PeerConfig.algorithm {self.algorithm!r} runs only in the simulator (gossipnet "
-                f"sim); a peer runs one of {list(ALGORITHMS)}"
-            )
-        elif self.algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"PeerConfig.algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}"
-            )
-        else:
-            object.__setattr__(self, "mode", ALGORITHMS[self.algorithm])
-        if self.algorithm == "local-sgd" and self.local_steps < 2:
-            raise ValueError(
-                f"PeerConfig.local_steps must be >= 2 for local-sgd, got {self.local_steps}"
-            )
+        self._check_algorithm()
         if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
             raise ValueError(f"PeerConfig.device must be {DEVICE_CHOICES}, got {self.device!r}")
         _int("max_concurrent_exchanges", self.max_concurrent_exchanges, 1)
         self._check_topology()
-        if not isinstance(self.codec, str) or self.codec.partition(":")[0] not in DENSE_CODECS:
-            raise ValueError(
-                f"PeerConfig.codec must be one of {list(DENSE_CODECS)}, got {self.codec!r}"
-            )
-        if not isinstance(self.aggregator, str) or not self.aggregator:
-            raise ValueError(
-                f"PeerConfig.aggregator must be a consensus spec string, got {self.aggregator!r}"
-            )
         _int("fanout", self.fanout, 1)
         _positive("round_deadline_s", self.round_deadline_s)
         _positive("request_timeout_s", self.request_timeout_s)
@@ -216,6 +193,52 @@ class PeerConfig:
             )
         if self.client_only and self.join == ():
             raise ValueError("PeerConfig.join must name at least one peer when client_only is set")
+
+    def _check_algorithm(self) -> None:
+        """Resolve algorithm and mode, then the one shared validation of the settings."""
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"PeerConfig.mode must be one of {list(MODES)}, got {self.mode!r}")
+        algorithm = self.algorithm
+        if algorithm is None:
+            algorithm = "dpsgd" if self.mode == "sync" else "ad-psgd"
+        elif algorithm in SIMULATOR_ONLY:
+            raise ValueError(
+                f"PeerConfig.algorithm {algorithm!r} runs only in the simulator (gossipnet "
+                f"sim) so far; a peer runs one of {list(ALGORITHMS)}"
+            )
+        elif algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"PeerConfig.algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}"
+            )
+        if self.mode is not None and self.mode != ALGORITHMS[algorithm]:
+            raise ValueError(
+                f"PeerConfig.mode {self.mode!r} contradicts PeerConfig.algorithm {algorithm!r} "
+                f"(which runs {ALGORITHMS[algorithm]!r}); give one of them"
+            )
+        if self.local_steps is not None:
+            _int("local_steps", self.local_steps, 1)  # a peer's run counts optimizer steps
+        try:
+            settings = GossipConfig(
+                algorithm,
+                order=self.order,
+                local_steps=self.local_steps,
+                aggregator=self.aggregator,
+                compressor=self.codec,
+            )
+        except ConfigurationError as error:
+            field = "codec" if error.field == "compressor" else error.field
+            raise ValueError(f"PeerConfig.{field}: {error.reason}") from None
+        object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "mode", ALGORITHMS[algorithm])
+        for name in GOSSIP_FIELDS:
+            object.__setattr__(self, name, getattr(settings, name))
+        object.__setattr__(self, "codec", settings.compressor)
+        self.__dict__["_gossip"] = settings
+
+    @property
+    def gossip(self) -> GossipConfig:
+        """The validated algorithm settings, as the simulator would hold them."""
+        return cast(GossipConfig, self.__dict__["_gossip"])
 
     def _check_topology(self) -> None:
         if not isinstance(self.peer_list, tuple):
@@ -247,3 +270,19 @@ class PeerConfig:
                 "PeerConfig.client_only cannot be combined with a topology: every rank listens "
                 "at its peer_list address"
             )
+        try:
+            schedule = topologies.build_schedule(
+                self.topology, len(self.peer_list), weights=self.topology_weights, seed=self.seed
+            )
+        except (ValueError, TypeError) as error:
+            field = (
+                "topology_weights" if getattr(error, "parameter", "") == "weights" else "topology"
+            )
+            raise ValueError(f"PeerConfig.{field}: {error}") from None
+        try:
+            self.gossip.check_neighbourhood(
+                topologies.smallest_neighbourhood(schedule),
+                where=f"topology {self.topology!r} on {len(self.peer_list)} peers",
+            )
+        except ConfigurationError as error:
+            raise ValueError(f"PeerConfig.{error.field}: {error.reason}") from None

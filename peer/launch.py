@@ -157,47 +157,43 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The options every peer gets, checked here: one clear line now, not N failed peers."""
-    import consensus
+    """The options every peer gets, checked here with the peers' own validation (PeerConfig,
+    hence ``gossip.GossipConfig``, the simulator's too): one clear line now, not N failed
+    peers after the baseline has trained."""
+    from gossip.configuration import ConfigurationError
     from peer.cli import flag_message
-    from peer.codecs import build_codec
     from peer.config import PeerConfig
-    from peer.topology import TopologyNeighbours
 
-    if args.mode is not None and ALGORITHMS.get(args.algorithm, args.mode) != args.mode:
-        parser.error(f"--mode {args.mode} contradicts --algorithm {args.algorithm}")
+    addresses = tuple(f"127.0.0.1:{7000 + i}" for i in range(args.peers))
     options: dict[str, Any] = {
         "algorithm": args.algorithm,
-        "mode": args.mode or "async",
-        "aggregator": args.aggregator or "mean",
-        "codec": args.compress or "none",
-        "local_steps": args.local_steps if args.local_steps is not None else 1,
+        "mode": args.mode,
+        "aggregator": args.aggregator,
+        "codec": args.compress,
+        "local_steps": args.local_steps,
         "fanout": args.fanout if args.fanout is not None else 1,
         "round_deadline_s": args.round_deadline_s if args.round_deadline_s is not None else 5.0,
         "device": args.device or "cpu",
         "seed": args.seed,
     }
-    checks: list[tuple[str, Any]] = [
-        ("", lambda: PeerConfig(peer_id="peer-0", **options)),
-        ("--compress", lambda: build_codec(options["codec"])),
-        ("--aggregator", lambda: consensus.build(options["aggregator"])),
-    ]
     if args.topology:
-        addresses = [f"127.0.0.1:{7000 + i}" for i in range(args.peers)]
-        checks.append(
-            (
-                "--topology",
-                lambda: TopologyNeighbours(
-                    args.topology, addresses, 0, weights=args.topology_weights, seed=args.seed
-                ),
-            )
+        options.update(
+            topology=args.topology,
+            topology_weights=args.topology_weights,
+            peer_list=addresses,
+            rank=0,
         )
-    for flag, check in checks:
-        try:
-            check()
-        except (ValueError, TypeError) as error:
-            message = flag_message(error)
-            parser.error(message if message.startswith("--") else f"{flag}: {message}")
+    try:
+        config = PeerConfig(peer_id="peer-0", **options)
+        if not args.topology and config.mode == "sync":
+            # without a topology a sync peer mixes every other member: N models in all
+            config.gossip.check_neighbourhood(
+                args.peers, where=f"--peers {args.peers} without --topology"
+            )
+    except ConfigurationError as error:
+        parser.error(f"--{error.field.replace('_', '-')}: {error.reason}")
+    except (ValueError, TypeError) as error:
+        parser.error(flag_message(error))
     if args.device and args.device != "cpu":
         from peer.config import resolve_device
 
@@ -453,24 +449,33 @@ def _row(peer: PeerProcess) -> list[str]:
     code = peer.process.poll()
     state = "running" if code is None else ("done" if code == 0 else f"exit {code}")
     loss = status.get("loss")
+    exchanges = status.get("exchanges")
+    if not isinstance(exchanges, dict):  # not polled yet, or a client-only peer's status line
+        exchanges = {}
     return [
-        peer.peer_id + (" (client-only)" if peer.client_only else ""),
+        peer.peer_id
+        + (" (client-only)" if peer.client_only else "")
+        + (" ISOLATED" if status.get("isolated") else ""),
         str(status.get("step", "-")),
         "-" if loss is None else f"{loss:.4f}",
         str(_neighbours(status)) if status else "-",
+        str(exchanges.get("ok", "-")),
+        str(exchanges.get("failed", "-")),
         human_bytes(peer.rate) + "/s",
         state,
     ]
 
 
 def _table(swarm: Swarm) -> Any:
+    """The live table; an isolated peer (no successful exchange lately) is shown in bold red."""
     from rich.table import Table
 
     table = Table(title=f"gossipnet swarm ({len(swarm.peers)} peers)")
-    for column in ("peer", "step", "loss", "neighbours", "bytes/s", "state"):
+    columns = ("peer", "step", "loss", "neighbours", "exchanges ok", "failed", "bytes/s", "state")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("peer", "state") else "right")
     for peer in swarm.peers:
-        table.add_row(*_row(peer))
+        table.add_row(*_row(peer), style="bold red" if peer.status.get("isolated") else None)
     return table
 
 
@@ -578,6 +583,8 @@ def _results(swarm: Swarm, centralized: Centralized) -> dict[str, Any]:
             report = json.loads(text)
             entry.update(step=report["step"], test_accuracy=report["test_accuracy"])
             entry["test_loss"] = report["test_loss"]
+            for key in ("exchanges_ok", "exchanges_failed", "isolated"):
+                entry[key] = report.get(key)
         elif peer.process.returncode not in (0, None):
             entry["error"] = peer.last_error()
         peers.append(entry)
@@ -595,21 +602,40 @@ def _results(swarm: Swarm, centralized: Centralized) -> dict[str, Any]:
     }
 
 
+def _count(value: object) -> str:
+    """A count for the results table; ``-`` if the peer did not report it."""
+    return "-" if value is None else str(value)
+
+
 def _print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """The final table: per peer its step, test accuracy, gap to the centralized run, exchanges.
+
+    The exchange columns are the peer's successful and failed exchanges over the run; a
+    peer that ended isolated (training alone, :mod:`peer.health`) is marked ``ISOLATED``.
+    """
     from rich.console import Console
     from rich.table import Table
 
     reference = results["centralized"]["test_accuracy"]
     table = Table(title=f"test accuracy after {args.steps} steps of batch {args.batch_size}")
-    for column in ("", "step", "test accuracy", "vs centralized"):
+    for column in ("", "step", "test accuracy", "vs centralized", "exchanges ok", "failed"):
         table.add_column(column, justify="left" if not column else "right")
     for entry in results["peers"]:
         accuracy = entry.get("test_accuracy")
         if accuracy is None:
-            table.add_row(entry["id"], "-", entry.get("error", "no result"), "-")
+            table.add_row(entry["id"], "-", entry.get("error", "no result"), "-", "-", "-")
             continue
         diff = "-" if reference is None else f"{100 * (accuracy - reference):+.1f} pts"
-        table.add_row(entry["id"], str(entry["step"]), f"{100 * accuracy:.1f}%", diff)
+        isolated = bool(entry.get("isolated"))
+        table.add_row(
+            entry["id"] + (" ISOLATED" if isolated else ""),
+            str(entry["step"]),
+            f"{100 * accuracy:.1f}%",
+            diff,
+            _count(entry.get("exchanges_ok")),
+            _count(entry.get("exchanges_failed")),
+            style="bold red" if isolated else None,
+        )
     if reference is not None:
         samples = results["centralized"]["samples"]
         table.add_row(
@@ -617,9 +643,11 @@ def _print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
             str(args.steps),
             f"{100 * reference:.1f}%",
             f"batch {args.peers * args.batch_size}, {samples} samples",
+            "-",
+            "-",
         )
     elif results["centralized"]["error"]:
-        table.add_row("centralized", "-", results["centralized"]["error"], "-")
+        table.add_row("centralized", "-", results["centralized"]["error"], "-", "-", "-")
     Console(width=max(100, os.get_terminal_size(sys.stdout.fileno()).columns)
             if sys.stdout.isatty() else 100).print(table)  # fmt: skip
 

@@ -25,7 +25,7 @@ class PeerMetrics:
         ).labels
         self.exchanges = Counter(
             "gossipnet_exchanges",
-            "Exchanges by role (caller/callee) and outcome (ok, failed, refused)",
+            "Exchanges by role (caller/callee) and outcome (ok, failed, busy, refused)",
             ["role", "outcome"],
             registry=self.registry,
         ).labels
@@ -44,6 +44,17 @@ class PeerMetrics:
         self.round = Gauge("gossipnet_round", "Current gossip round", registry=self.registry)
         self.step = Gauge("gossipnet_step", "Local optimizer steps taken", registry=self.registry)
         self.loss = Gauge("gossipnet_loss", "Last training loss", registry=self.registry)
+        self.isolated = Gauge(
+            "gossipnet_isolated",
+            "1 while the peer had no successful exchange in each of its last rounds "
+            "(peer.node.HEALTH_WINDOW_ROUNDS): it is training alone; else 0",
+            registry=self.registry,
+        )
+        self.rounds_without_exchange = Gauge(
+            "gossipnet_rounds_without_exchange",
+            "Consecutive gossip rounds, up to the last, without a successful exchange",
+            registry=self.registry,
+        )
         self.members = Gauge(
             "gossipnet_members", "Known members by status", ["status"], registry=self.registry
         )

@@ -54,8 +54,8 @@ from typing import Any
 import torch
 from aiohttp import web
 
-import consensus
-from gossip.algorithms import DecentralizedSGD, average_pair
+from gossip.algorithms import average_pair, neighbourhood_fits
+from gossip.configuration import build_algorithm
 from gossip.flat import FlatParameters
 from peer import checkpoint
 from peer.auth import (
@@ -69,6 +69,7 @@ from peer.client import PeerClient, PeerUnavailable, RemoteRefused
 from peer.codecs import DenseCodec, build_codec, receiving_codecs
 from peer.config import PeerConfig, resolve_device
 from peer.errors import Busy, InvalidSender, MalformedBody, ProtocolError, UnknownPeer
+from peer.health import ExchangeHealth
 from peer.membership import Member, Membership, check_address
 from peer.metrics import PeerMetrics
 from peer.server import build_app
@@ -81,6 +82,8 @@ Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 VIEW_REFRESH_ROUNDS = 10
 """Every this many rounds a peer pulls a random neighbour's membership view."""
+HEALTH_WINDOW_ROUNDS = 5
+"""A peer with no successful exchange in this many rounds in a row is *isolated* (logged)."""
 
 
 def _to(value: Any, device: torch.device) -> Any:
@@ -135,14 +138,13 @@ class Peer:
         self.spec = ModelSpec.of(self.flat.vector)
         self.max_concurrent_exchanges = config.max_concurrent_exchanges
         self.max_body_bytes = max_body_bytes(self.spec.num_bytes, factor=config.max_body_factor)
-        self.codec = build_codec(config.codec, seed=_derived_seed(config.seed, config.peer_id))
-        self.codecs = receiving_codecs()
-        self.aggregator = consensus.build(config.aggregator)
-        self.algorithm = DecentralizedSGD(
-            order=config.order,  # type: ignore[arg-type]
-            local_steps=config.local_steps,
-            aggregator=self.aggregator,
+        self.codec = build_codec(
+            config.gossip.compressor or "none", seed=_derived_seed(config.seed, config.peer_id)
         )
+        self.codecs = receiving_codecs()
+        # the same rule object the simulator builds for this configuration
+        self.algorithm = build_algorithm(config.gossip)
+        self.aggregator = self.algorithm.aggregator
         self.gossip_state = self.algorithm.init(self.flat.vector)
         self.topology = (
             TopologyNeighbours(
@@ -164,6 +166,8 @@ class Peer:
             else None
         )
         self.metrics = PeerMetrics(self.peer_id)
+        self.health = ExchangeHealth(self.peer_id, window=HEALTH_WINDOW_ROUNDS)
+        """Exchanges that succeeded / failed per round; isolation (:mod:`peer.health`)."""
         self.membership = Membership(
             self.peer_id,
             None,
@@ -182,6 +186,7 @@ class Peer:
         self._served: dict[str, int] = {}
         self._in_flight: set[str] = set()
         self._send_buffer: torch.Tensor | None = None
+        self._starved = False  # the last round had too few models for the rule
         self._published: Envelope | None = None
         self._changed: asyncio.Condition | None = None
         self._runner: web.AppRunner | None = None
@@ -432,6 +437,7 @@ class Peer:
             done = await self._gossip_sync()
         self.round += 1
         self.metrics.round.set(self.round)
+        self.health.end_round()
         if self.round % VIEW_REFRESH_ROUNDS == 0:
             await self.refresh_view()
         return done
@@ -499,10 +505,12 @@ class Peer:
                     self.metrics.exchanges(role="caller", outcome="busy").inc()
                     return False
                 self.metrics.exchanges(role="caller", outcome="failed").inc()
+                self.health.record(failed=1)
                 self._failed(member, error)
                 return False
             except (PeerUnavailable, ProtocolError) as error:
                 self.metrics.exchanges(role="caller", outcome="failed").inc()
+                self.health.record(failed=1)
                 self._failed(member, error)
                 return False
             await asyncio.to_thread(self._add_locked, averaged, sent)
@@ -510,6 +518,7 @@ class Peer:
             self._in_flight.discard(member.id)
         self.membership.record_success(member.id)
         self.metrics.exchanges(role="caller", outcome="ok").inc()
+        self.health.record(ok=1)
         self.metrics.exchange_seconds.observe(time.perf_counter() - started)
         return True
 
@@ -576,6 +585,9 @@ class Peer:
         await asyncio.gather(*tasks, return_exceptions=True)
         present = [j for j in expected if t in self._inbox.get(j, {})]
         mixed, weights = self._mixing_row(expected, t)
+        arrived = sum(j in present for j in mixed)
+        if mixed and not self._fits(arrived + 1):
+            mixed = []  # keep our own model this round, as the simulator freezes such a row
         if mixed:
             received = torch.stack(
                 [self._inbox[j][t].to(self.device) if j in present else own for j in mixed]
@@ -584,7 +596,25 @@ class Peer:
             await asyncio.to_thread(self._combine_locked, own, received, weights, mask)
         for j in expected:
             self._inbox.get(j, {}).pop(t, None)
+        self.health.record(ok=len(present), failed=len(expected) - len(present))
         return len(present)
+
+    def _fits(self, size: int) -> bool:
+        """Whether the rule can mix ``size`` models; warns once when it starts not to."""
+        fits = bool(neighbourhood_fits(self.aggregator, torch.tensor([size])).item())
+        if not fits and not self._starved:
+            logger.warning(
+                "peer %s: round %d has %d model(s) (own + arrived), too few for aggregator %s; "
+                "keeping its own model until enough neighbours answer",
+                self.peer_id,
+                self.round,
+                size,
+                self.config.aggregator,
+            )
+        elif fits and self._starved:
+            logger.info("peer %s: enough neighbours again, mixing resumes", self.peer_id)
+        self._starved = not fits
+        return fits
 
     def _expected(self) -> list[str]:
         """Whose round-t model we wait for: neighbours we call, and client-only members
@@ -667,6 +697,7 @@ class Peer:
                 # smaller id declines, so the pair averages exactly once.
                 raise Busy(f"{self.peer_id} is exchanging with {envelope.sender} as the caller")
             averaged = await asyncio.to_thread(self._average_locked, vector.to(self.spec.dtype))
+            self.health.record(ok=1)  # averaged as the callee: this peer is not alone
             return self._envelope(averaged)
         assert self._changed is not None
         async with self._changed:
@@ -719,6 +750,8 @@ class Peer:
         counts = self.membership.counts()
         for status, count in counts.items():
             self.metrics.members.labels(status=status).set(count)
+        self.metrics.isolated.set(int(self.health.isolated))
+        self.metrics.rounds_without_exchange.set(self.health.rounds_without_exchange)
         return {
             "v": PROTOCOL_VERSION,
             "id": self.peer_id,
@@ -740,6 +773,7 @@ class Peer:
             "bytes_in": self.metrics.bytes_total("in"),
             "bytes_out": self.metrics.bytes_total("out"),
             "authenticated": self.secret is not None,
+            **self.health.to_json(),
         }
 
     def render_metrics(self) -> bytes:

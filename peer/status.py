@@ -8,6 +8,11 @@ reached or did not answer with a status, 2 a malformed URL or bad flags.
     peer a  (127.0.0.1:7000, async, protocol v1)
     step 1200  round 1200  loss 0.4312
     ...
+    exchanges 1187 ok, 13 failed
+    ...
+
+A peer that has stopped averaging (no successful exchange in its last rounds,
+``isolated`` in the status) is marked ``ISOLATED`` on the exchanges line.
 """
 
 from __future__ import annotations
@@ -81,6 +86,15 @@ def render(status: dict[str, Any]) -> str:
         f"{human_bytes(float(status.get('bytes_out', 0)))} out; "
         f"{'signed' if status.get('authenticated') else 'OPEN swarm (no secret)'}",
     ]
+    exchanges = status.get("exchanges")
+    if isinstance(exchanges, dict):
+        line = f"exchanges {exchanges.get('ok')} ok, {exchanges.get('failed')} failed"
+        if status.get("isolated"):
+            line += (
+                f"  ISOLATED: no successful exchange in {status.get('rounds_without_exchange')} "
+                "rounds, training alone"
+            )
+        lines.append(line)
     if status.get("topology"):
         lines.append(f"topology {status['topology']}, rank {status.get('rank')}")
     members = status.get("neighbours", [])

@@ -5,7 +5,8 @@ All peers' parameters are one ``[n, d]`` tensor; gradients for every peer come f
 mixing is a gather along a ``topologies.NeighbourTable`` handed to a ``consensus`` rule.
 A network model (``sim.network``) charges each round simulated time and bytes.
 
-    >>> from sim.config import ExperimentConfig, WorkloadConfig, build   # doctest: +SKIP
+    >>> from sim.build import build   # doctest: +SKIP
+    >>> from sim.config import ExperimentConfig, WorkloadConfig
     >>> from sim.runner import run
     >>> config = ExperimentConfig(rounds=20, workload=WorkloadConfig(dataset="synthetic"))
     >>> algorithm, ctx, evaluation = build(config)
@@ -14,6 +15,7 @@ A network model (``sim.network``) charges each round simulated time and bytes.
 Modules: ``engine`` (BatchedPeers, optimizers, gather_mix), ``reference`` (the naive
 per-peer loop), ``network`` (links, compute, failures, cost formulas, discrete events),
 ``algorithms`` (baselines), ``gossip_runner`` (gossip algorithms, Byzantine peers),
-``metrics``, ``runner``, ``config`` (TOML experiments), ``cli`` (``gossipnet sim``).
+``metrics``, ``runner``, ``config`` (TOML experiments, validated), ``build`` (a run from a
+config), ``cli`` (``gossipnet sim``).
 See docs/simulator.md.
 """

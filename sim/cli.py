@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.config import ALGORITHMS, ConfigError, ExperimentConfig, build, load_experiment
+from sim.build import build
+from sim.config import ALGORITHMS, ConfigError, ExperimentConfig, load_experiment
 from sim.metrics import Record, plot, write_csv, write_jsonl
 from sim.runner import run
 

@@ -67,53 +67,49 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import torch
-
-from sim.algorithms import (
-    EASGD,
-    Algorithm,
-    AsynchronousParameterServer,
-    Centralized,
-    Context,
-    FedAvg,
-    OptimizerConfig,
-    ParameterServer,
-    RingAllReduce,
+from gossip.configuration import (
+    ALGORITHM_FIELDS,
+    GOSSIP_ALGORITHMS,
+    GOSSIP_SETTINGS,
+    ConfigurationError,
+    GossipConfig,
 )
-from sim.engine import BatchedPeers
-from sim.metrics import Evaluation
-from sim.network import COMPUTE_DISTRIBUTIONS, ComputeModel, Crash, Failures, Links
-from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN, resolve_device
+from sim.algorithms import (
+    OptimizerConfig,
+)
+from sim.network import COMPUTE_DISTRIBUTIONS, Crash
+from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-#: algorithm name -> what it is (and the [algorithm] keys it reads)
-ALGORITHMS: dict[str, str] = {
+TOPOLOGY_FIELDS = ("topology", "topology_params", "weights")
+"""The ``[algorithm]`` keys that say who talks to whom (gossip algorithms only)."""
+BASELINES: dict[str, str] = {
     "centralized": "one model on all data, the peers' combined batch (accuracy ceiling)",
     "allreduce": "synchronous SGD, exact gradient average by ring all-reduce",
     "parameter-server": "synchronous parameter server (shards)",
     "async-parameter-server": "asynchronous parameter server, stale gradients",
     "easgd": "elastic averaging SGD (alpha, period)",
     "fedavg": "federated averaging (local_steps, fraction)",
-    "dpsgd": "D-PSGD (order, local_steps, aggregator, compressor, topology, schedule)",
-    "local-sgd": "decentralized local SGD (local_steps, aggregator, compressor, topology)",
-    "push-sum": "stochastic gradient push (order, local_steps, compressor, schedule)",
-    "choco": "CHOCO-SGD (compressor, consensus_step, local_steps, topology)",
-    "ad-psgd": "asynchronous pairwise gossip AD-PSGD (topology)",
 }
-GOSSIP_ALGORITHMS = ("dpsgd", "local-sgd", "push-sum", "choco", "ad-psgd")
-SCHEDULES = ("static", "one-peer-exponential", "random-matching", "random-k-out")
-ORDERS = ("combine-then-adapt", "adapt-then-combine")
+"""The baselines, which only the simulator runs (they need a server or all-reduce)."""
+ALGORITHMS: dict[str, str] = {
+    **BASELINES,
+    **{
+        name: f"{summary} ({', '.join(ALGORITHM_FIELDS[name] + TOPOLOGY_FIELDS[:1])})"
+        for name, summary in GOSSIP_ALGORITHMS.items()
+    },
+}
+"""Every algorithm name with what it is and the ``[algorithm]`` keys it reads."""
 OPTIMIZERS = ("sgd", "adam")
 INITS = ("same", "independent")
 
@@ -149,34 +145,6 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
-def default_cache_dir() -> Path:
-    """Where generated data sets are kept: ``$GOSSIPNET_CACHE`` if set, else
-    ``$XDG_CACHE_HOME/gossipnet`` (``~/.cache/gossipnet``)."""
-    explicit = os.environ.get("GOSSIPNET_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "gossipnet"
-
-
-def _load_dataset(workload: WorkloadConfig) -> Any:
-    """``workloads.load_dataset`` with a cache folder for data sets that take one (MNIST-1D is
-    generated once per argument set); a ``cache_dir`` written in the spec wins."""
-    from workloads import DATASETS, load_dataset
-
-    name, _, rest = workload.dataset.partition(":")
-    entry = DATASETS.get(name.strip())
-    given = {item.partition("=")[0].strip() for item in rest.split(",")}
-    if entry is None or "cache_dir" not in entry.params or "cache_dir" in given:
-        return load_dataset(workload.dataset)
-    folder = (
-        Path(workload.cache_dir).expanduser()
-        if workload.cache_dir is not None
-        else default_cache_dir()
-    )
-    return load_dataset(workload.dataset, cache_dir=str(folder))
-
-
 def _spec(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _fail(name, f"must be a non-empty spec string like 'name:key=value', got {value!r}")
@@ -204,46 +172,119 @@ class WorkloadConfig:
         _choice("workload.init", self.init, INITS)
 
 
+BASELINE_FIELDS: dict[str, tuple[str, ...]] = {
+    "centralized": (),
+    "allreduce": (),
+    "parameter-server": ("shards",),
+    "async-parameter-server": (),
+    "easgd": ("alpha", "period"),
+    "fedavg": ("local_steps", "fraction"),
+}
+"""The ``[algorithm]`` keys each baseline reads (gossip algorithms: ``gossip.ALGORITHM_FIELDS``
+plus the topology keys)."""
+_BASELINE_DEFAULTS: dict[str, Any] = {
+    "shards": 1,
+    "alpha": 0.05,
+    "period": 1,
+    "fraction": 1.0,
+    "local_steps": 1,
+}
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
+    """The ``[algorithm]`` table: the algorithm's name and the settings it reads.
+
+    A key left out (``None``) takes the algorithm's default; a key the algorithm does not read
+    is an error that names it. Gossip algorithms are validated by ``gossip.GossipConfig``, the
+    same check a networked peer runs (:attr:`gossip`); ``topology`` is one
+    ``topologies.build_schedule`` spec, a graph (``ring``, ``random-regular:degree=4``) or a
+    time-varying schedule (``one-peer-exponential``, ``random-k-out:k=2``), default ``ring``.
+    """
+
     name: str = "dpsgd"
-    topology: str = "ring"
-    topology_params: Mapping[str, Any] = field(default_factory=dict)
+    topology: str | None = None
+    topology_params: Mapping[str, Any] | None = None
     weights: str | None = None
-    schedule: str = "static"
-    order: str = "combine-then-adapt"
-    local_steps: int = 1
-    aggregator: str = "mean"
-    compressor: str = "none"
-    consensus_step: float = 0.5
-    shards: int = 1
-    alpha: float = 0.05
-    period: int = 1
-    fraction: float = 1.0
+    order: str | None = None
+    local_steps: int | None = None
+    aggregator: str | None = None
+    compressor: str | None = None
+    consensus_step: float | None = None
+    shards: int | None = None
+    alpha: float | None = None
+    period: int | None = None
+    fraction: float | None = None
 
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, tuple(ALGORITHMS))
-        _spec("algorithm.topology", self.topology)
-        if not isinstance(self.topology_params, Mapping):
-            raise _fail("algorithm.topology_params", "must be a table of builder parameters")
-        if self.weights is not None:
-            _spec("algorithm.weights", self.weights)
-        _spec("algorithm.schedule", self.schedule)
-        if self.schedule.partition(":")[0] not in SCHEDULES:
-            raise _fail(
-                "algorithm.schedule",
-                f"must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}",
-            )
-        _choice("algorithm.order", self.order, ORDERS)
-        minimum_steps = 0 if self.name in ("dpsgd", "push-sum", "choco") else 1
-        _int("algorithm.local_steps", self.local_steps, minimum_steps)
-        _spec("algorithm.aggregator", self.aggregator)
-        _spec("algorithm.compressor", self.compressor)
-        _float("algorithm.consensus_step", self.consensus_step, 0.0, 1.0, open_low=True)
-        _int("algorithm.shards", self.shards, 1)
-        _float("algorithm.alpha", self.alpha, 0.0, 1.0, open_low=True)
-        _int("algorithm.period", self.period, 1)
-        _float("algorithm.fraction", self.fraction, 0.0, 1.0, open_low=True)
+        reads = self.reads()
+        # gossip settings are judged by gossip.GossipConfig, as on a peer
+        judged = ("name", *GOSSIP_SETTINGS) if self.name in GOSSIP_ALGORITHMS else ("name",)
+        for item in fields(self):
+            given = item.name not in judged and getattr(self, item.name) is not None
+            if given and item.name not in reads:
+                raise _fail(
+                    f"algorithm.{item.name}",
+                    f"is not used by {self.name} (it reads "
+                    f"{', '.join(reads) or 'no other key'}); remove it",
+                )
+        if self.name in GOSSIP_ALGORITHMS:
+            try:
+                object.__setattr__(self, "_gossip", GossipConfig(**self._gossip_fields()))
+            except ConfigurationError as error:
+                raise _fail(f"algorithm.{error.field}", error.reason) from None
+            _spec("algorithm.topology", self.topology or "ring")
+            if self.topology_params is not None and not isinstance(self.topology_params, Mapping):
+                raise _fail("algorithm.topology_params", "must be a table of builder parameters")
+            if self.weights is not None:
+                _spec("algorithm.weights", self.weights)
+            return
+        if self.shards is not None:
+            _int("algorithm.shards", self.shards, 1)
+        if self.alpha is not None:
+            _float("algorithm.alpha", self.alpha, 0.0, 1.0, open_low=True)
+        if self.period is not None:
+            _int("algorithm.period", self.period, 1)
+        if self.fraction is not None:
+            _float("algorithm.fraction", self.fraction, 0.0, 1.0, open_low=True)
+        if self.local_steps is not None:
+            _int("algorithm.local_steps", self.local_steps, 1)
+
+    def reads(self) -> tuple[str, ...]:
+        """The keys this algorithm reads (besides ``name``)."""
+        if self.name in GOSSIP_ALGORITHMS:
+            return TOPOLOGY_FIELDS + ALGORITHM_FIELDS[self.name]
+        return BASELINE_FIELDS[self.name]
+
+    def _gossip_fields(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.name,
+            "order": self.order,
+            "local_steps": self.local_steps,
+            "aggregator": self.aggregator,
+            "compressor": self.compressor,
+            "consensus_step": self.consensus_step,
+        }
+
+    @property
+    def gossip(self) -> GossipConfig:
+        """The validated gossip settings, defaults filled (gossip algorithms only)."""
+        if self.name not in GOSSIP_ALGORITHMS:
+            raise ValueError(f"{self.name} is not a gossip algorithm")
+        return cast(GossipConfig, self.__dict__["_gossip"])
+
+    def setting(self, key: str) -> Any:
+        """A baseline's setting, its default where the file leaves it out."""
+        value = getattr(self, key)
+        return _BASELINE_DEFAULTS[key] if value is None else value
+
+    def for_algorithm(self, name: str) -> AlgorithmConfig:
+        """This table for another algorithm, keeping only the keys that one reads
+        (``sim compare`` runs one experiment file under several algorithms)."""
+        kept = AlgorithmConfig(name=name).reads()
+        values = {key: getattr(self, key) for key in kept if getattr(self, key) is not None}
+        return AlgorithmConfig(name=name, **values)
 
 
 @dataclass(frozen=True)
@@ -378,10 +419,7 @@ class ExperimentConfig:
                 f"must be < workload.peers = {self.workload.peers}, got {self.byzantine.count}",
             )
         if self.byzantine.count and self.algorithm.name not in (
-            "dpsgd",
-            "local-sgd",
-            "push-sum",
-            "choco",
+            set(GOSSIP_ALGORITHMS) - {"ad-psgd"}
         ):
             raise _fail(
                 "byzantine.count",
@@ -415,9 +453,7 @@ class ExperimentConfig:
 
     def with_algorithm(self, name: str) -> ExperimentConfig:
         """The same experiment run by another algorithm (``sim compare``)."""
-        return dataclasses.replace(
-            self, name=name, algorithm=dataclasses.replace(self.algorithm, name=name)
-        )
+        return dataclasses.replace(self, name=name, algorithm=self.algorithm.for_algorithm(name))
 
 
 _SECTIONS: dict[str, type] = {
@@ -433,6 +469,12 @@ _SECTIONS: dict[str, type] = {
 def _known(where: str, table: Mapping[str, Any], cls: type) -> dict[str, Any]:
     allowed = [f.name for f in fields(cls)]
     unknown = sorted(set(table) - set(allowed))
+    if cls is AlgorithmConfig and "schedule" in unknown:
+        raise _fail(
+            "algorithm.schedule",
+            "a time-varying schedule is a topology now: write it as algorithm.topology "
+            '(for example topology = "one-peer-exponential")',
+        )
     if unknown:
         raise _fail(
             f"{where}{unknown[0]}" if where else unknown[0],
@@ -476,144 +518,3 @@ def load_experiment(path: str | Path) -> ExperimentConfig:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"experiment: {file} is not valid TOML ({error})") from None
     return experiment_from_dict(data)
-
-
-def _schedule(config: ExperimentConfig) -> Any:
-    import topologies
-
-    algorithm, n, seed = config.algorithm, config.workload.peers, config.seed
-    kind, _, rest = algorithm.schedule.partition(":")
-    if kind == "one-peer-exponential":
-        return topologies.OnePeerExponential(n)
-    if kind == "random-matching":
-        return topologies.RandomMatching(n, seed=seed)
-    if kind == "random-k-out":
-        k = int(rest.partition("=")[2] or 1) if rest else 1
-        return topologies.RandomKOut(n, k, seed=seed)
-    try:
-        graph = topologies.build(algorithm.topology, n, **dict(algorithm.topology_params))
-        matrix = topologies.mixing_matrix(graph, weights=algorithm.weights)
-    except (ValueError, TypeError) as error:
-        raise _fail("algorithm.topology", str(error)) from None
-    return topologies.Static(matrix)
-
-
-def build_algorithm(config: ExperimentConfig) -> Algorithm:
-    """The algorithm object the config names."""
-    a = config.algorithm
-    name = a.name
-    if name == "centralized":
-        return Centralized()
-    if name == "allreduce":
-        return RingAllReduce()
-    if name == "parameter-server":
-        return ParameterServer(shards=a.shards, server_bandwidth=config.network.server_bandwidth)
-    if name == "async-parameter-server":
-        return AsynchronousParameterServer(server_bandwidth=config.network.server_bandwidth)
-    if name == "easgd":
-        return EASGD(alpha=a.alpha, period=a.period)
-    if name == "fedavg":
-        return FedAvg(local_steps=a.local_steps, fraction=a.fraction)
-
-    import consensus
-    from gossip.algorithms import Choco, DecentralizedSGD, PushSum, local_sgd
-    from gossip.compression import build_compressor
-    from sim.gossip_runner import AsynchronousGossip, SynchronousGossip
-
-    schedule = _schedule(config)
-    if name == "ad-psgd":
-        return AsynchronousGossip(schedule)
-    try:
-        aggregator = consensus.build(a.aggregator)
-    except ValueError as error:
-        raise _fail("algorithm.aggregator", str(error)) from None
-    try:
-        compressor = build_compressor(a.compressor)
-    except ValueError as error:
-        raise _fail("algorithm.compressor", str(error)) from None
-    attack = None
-    if config.byzantine.count:
-        try:
-            attack = consensus.build_attack(config.byzantine.attack)
-        except ValueError as error:
-            raise _fail("byzantine.attack", str(error)) from None
-    gossip: Any
-    if name == "dpsgd":
-        gossip = DecentralizedSGD(
-            order=a.order,  # type: ignore[arg-type]
-            local_steps=a.local_steps,
-            aggregator=aggregator,
-            compressor=compressor,
-        )
-    elif name == "local-sgd":
-        gossip = local_sgd(a.local_steps, aggregator=aggregator, compressor=compressor)
-    elif name == "push-sum":
-        gossip = PushSum(order=a.order, local_steps=a.local_steps, compressor=compressor)  # type: ignore[arg-type]
-    else:
-        gossip = Choco(compressor, consensus_step=a.consensus_step, local_steps=a.local_steps)
-    return SynchronousGossip(gossip, schedule, attack=attack, name=name)
-
-
-def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
-    """Data, partition, model, network and algorithm for one run (all seeded by ``seed``)."""
-    from workloads import StackedBatchSampler, build_model, partition
-
-    w, net = config.workload, config.network
-    try:
-        device = resolve_device(config.device)
-    except ValueError as error:
-        raise _fail("device", str(error)) from None
-    try:
-        data = _load_dataset(w)
-    except (ValueError, ImportError) as error:
-        raise _fail("workload.dataset", str(error)) from None
-    try:
-        parts = partition(w.partition, data.y_train, w.peers, seed=config.seed)
-    except ValueError as error:
-        raise _fail("workload.partition", str(error)) from None
-    try:
-        build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
-    except ValueError as error:
-        raise _fail("workload.model", str(error)) from None
-
-    def factory() -> torch.nn.Module:
-        return build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
-
-    peers = BatchedPeers(factory, w.peers, init=w.init, seed=config.seed, device=device)
-    data = data.to(device)
-    byzantine = torch.zeros(w.peers, dtype=torch.bool)
-    if config.byzantine.count:
-        generator = torch.Generator().manual_seed(config.seed)
-        byzantine[torch.randperm(w.peers, generator=generator)[: config.byzantine.count]] = True
-    byzantine = byzantine.to(device)
-    ctx = Context(
-        peers=peers,
-        sampler=StackedBatchSampler(parts, w.batch_size, seed=config.seed),
-        x_train=data.x_train,
-        y_train=data.y_train,
-        optimizer=config.optimizer,
-        links=Links.uniform(
-            w.peers,
-            latency=net.latency,
-            bandwidth=net.bandwidth,
-            overrides={
-                (link["source"], link["target"]): (link["latency"], link["bandwidth"])
-                for link in net.links
-            },
-        ),
-        compute=ComputeModel(
-            w.peers,
-            step_time=net.step_time,
-            distribution=net.compute_distribution,
-            spread=net.compute_spread,
-            stragglers=dict(net.stragglers),
-            seed=config.seed,
-        ),
-        failures=Failures(
-            w.peers, message_loss=net.message_loss, crashes=net.crashes, seed=config.seed
-        ),
-        byzantine=byzantine,
-        seed=config.seed,
-    )
-    evaluation = Evaluation(data.x_test, data.y_test, seed=config.seed)
-    return build_algorithm(config), ctx, evaluation

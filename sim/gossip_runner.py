@@ -25,11 +25,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from consensus.attacks import ALittleIsEnough, Attack, alie_z
+from consensus import byzantine_messages
+from consensus.attacks import Attack
 from gossip.algorithms import (
     DecentralizedSGD,
     GossipAlgorithm,
     GossipState,
+    neighbourhood_fits,
     pairwise_average,
 )
 from sim.algorithms import Context, RoundReport, _mean_loss
@@ -63,96 +65,6 @@ def _row_tensors(state: Any, n: int) -> list[Tensor]:
         if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == n:
             unique.setdefault(id(value), value)
     return list(unique.values())
-
-
-def byzantine_messages(
-    attack: Attack,
-    sent: Tensor,
-    received: Tensor,
-    index: Tensor,
-    weights: Tensor,
-    mask: Tensor,
-    byzantine: Tensor,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """``received [n, k, m]`` with every slot whose sender is Byzantine replaced by the attack.
-
-    An attack that needs nothing but the sender's own message (``sign-flip``, ``gaussian``,
-    ``scaling``...) is called once on all Byzantine slots ``[s, m]``. An omniscient one
-    (``needs_honest``: ``alie``, ``ipm``, ``dissensus``, ``mimic``) is called once for all
-    receivers that have Byzantine neighbours (once per distinct neighbourhood size for ALIE):
-    it sees each receiver's own message and its honest neighbours' messages, and the
-    colluding Byzantine neighbours of that receiver all send the one vector it returns.
-
-    What the attack is told about receiver i, with B_i its present Byzantine neighbours:
-    ``byzantine_weight = Σ_{b ∈ B_i} W_ib`` (the TOTAL weight, as dissensus needs: with ε = 1
-    and plain averaging, i stays exactly where it was however many Byzantine neighbours it
-    has), and ALIE (Baruch et al. 2019; unless its ``z`` is fixed) gets the real ``f = |B_i|`` and
-    ``n = 1 + present neighbours``, so z = Φ⁻¹((n − f − s)/(n − f)) comes from i's actual
-    neighbourhood; where that formula is undefined (Byzantine majority at i, s <= 0) the
-    attack runs as configured.
-    """
-    slots = mask & byzantine[index]
-    receivers, positions = slots.nonzero(as_tuple=True)
-    if receivers.numel() == 0:
-        return received
-    out = received.clone()
-    if not getattr(attack, "needs_honest", True):
-        malicious = attack(sent[index[receivers, positions]], generator=generator)
-        out[receivers, positions] = malicious.to(out.dtype)
-        return out
-    rows = slots.any(dim=1).nonzero().squeeze(1)
-    first = slots[rows].to(torch.int8).argmax(dim=1)
-    honest_mask = mask & ~byzantine[index]
-    target = sent[rows]
-    honest = torch.cat([target.unsqueeze(1), received[rows]], dim=1)
-    visible = torch.cat(
-        [torch.ones(rows.numel(), 1, dtype=torch.bool, device=rows.device), honest_mask[rows]],
-        dim=1,
-    )
-    present = torch.where(mask, weights, 0.0)
-    self_weight = 1.0 - present.sum(-1)
-    honest_weights = torch.cat(
-        [self_weight[rows].unsqueeze(1), torch.where(honest_mask, weights, 0.0)[rows]], dim=1
-    )
-    byzantine_weight = torch.where(slots, weights, 0.0)[rows].sum(-1)
-    own = sent[index[rows, first]]
-    malicious = torch.empty_like(target)
-    sizes = mask[rows].sum(dim=1) + 1
-    counts = slots[rows].sum(dim=1)
-    for chosen, group in _attack_groups(attack, sizes, counts):
-        malicious[group] = chosen(
-            own[group],
-            honest[group],
-            honest_mask=visible[group],
-            target=target[group],
-            honest_weights=honest_weights[group],
-            byzantine_weight=byzantine_weight[group],
-            generator=generator,
-        ).to(malicious.dtype)
-    per_row = torch.zeros(received.shape[0], dtype=torch.long, device=rows.device)
-    per_row[rows] = torch.arange(rows.numel(), device=rows.device)
-    out[receivers, positions] = malicious.to(out.dtype)[per_row[receivers]]
-    return out
-
-
-def _attack_groups(attack: Attack, sizes: Tensor, counts: Tensor) -> list[tuple[Attack, Tensor]]:
-    """The attack for each group of receivers: ALIE (without a fixed ``z``) once per distinct
-    (neighbourhood size n, Byzantine neighbours f), any other attack once for all."""
-    everyone = torch.arange(sizes.numel(), device=sizes.device)
-    if not isinstance(attack, ALittleIsEnough) or attack.z is not None:
-        return [(attack, everyone)]
-    pairs = torch.stack([sizes, counts], dim=1)
-    unique, group_of = pairs.unique(dim=0, return_inverse=True)
-    groups: list[tuple[Attack, Tensor]] = []
-    for position, (n, f) in enumerate(unique.tolist()):
-        try:
-            alie_z(n, f)
-            chosen: Attack = ALittleIsEnough(f=f, n=n)
-        except ValueError:  # Byzantine majority at these receivers: the formula has no z
-            chosen = attack
-        groups.append((chosen, (group_of == position).nonzero().squeeze(1)))
-    return groups
 
 
 @dataclass
@@ -316,17 +228,7 @@ class SynchronousGossip:
 
     def _enough(self, mask: Tensor) -> Tensor:
         """``[n]`` bool: whose neighbourhood (own + present neighbours) meets the rule's bound."""
-        check = getattr(getattr(self.algorithm, "aggregator", None), "check_size", None)
-        sizes = mask.sum(dim=1) + 1
-        if check is None:
-            return torch.ones_like(sizes, dtype=torch.bool)
-        ok = torch.ones_like(sizes, dtype=torch.bool)
-        for size in sizes.unique().tolist():
-            try:
-                check(int(size))
-            except ValueError:
-                ok &= sizes != size
-        return ok
+        return neighbourhood_fits(self.algorithm.aggregator, mask.sum(dim=1) + 1)
 
     def _send_time(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
         """Per sender j: ``Σ_{i listening to j} (α_ji + M_enc/B_ji)`` for one exchange."""

@@ -107,8 +107,8 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--id", "a", "--mode", "gossip"], "invalid choice: 'gossip'"),
-        (["--id", "a", "--codec", "topk"], "--compress must be one of"),
-        (["--id", "a", "--compress", "randk"], "--compress must be one of"),
+        (["--id", "a", "--codec", "topk"], "--compress: topk drops most coordinates"),
+        (["--id", "a", "--compress", "randk"], "--compress: randk drops most coordinates"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str) -> None:
@@ -124,10 +124,19 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
     ("args", "message"),
     [
         (["--id", "a b"], "--id must be"),
-        (["--id", "a", "--algorithm", "choco"], "--algorithm must be one of ad-psgd, dpsgd"),
-        (["--id", "a", "--algorithm", "sgd"], "--algorithm must be one of ad-psgd, dpsgd"),
-        (["--id", "a", "--algorithm", "dpsgd", "--mode", "async"], "--mode async contradicts"),
-        (["--id", "a", "--algorithm", "local-sgd"], "--local-steps must be >= 2 for local-sgd"),
+        (["--id", "a", "--algorithm", "choco"], "--algorithm 'choco' runs only in the simulator"),
+        (["--id", "a", "--algorithm", "sgd"], "--algorithm must be one of ['ad-psgd', 'dpsgd'"),
+        (["--id", "a", "--algorithm", "dpsgd", "--mode", "async"], "--mode 'async' contradicts"),
+        (
+            ["--id", "a", "--algorithm", "local-sgd", "--local-steps", "1"],
+            "--local-steps: must be an integer >= 2 for local-sgd",
+        ),
+        (["--id", "a", "--algorithm", "push-sum", "--aggregator", "krum"], "runs only in the"),
+        (
+            ["--id", "a", "--aggregator", "trimmed-mean:b=1"],
+            "--aggregator: trimmed-mean:b=1 cannot run: trimmed-mean needs n > 2b, got n=2",
+        ),
+        (["--id", "a", "--algorithm", "ad-psgd", "--order", "adapt-then-combine"], "--order:"),
         (["--id", "a", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:INDEX"),
         (["--id", "a", "--max-concurrent-exchanges", "0"], "--max-concurrent-exchanges must be"),
         (["--id", "a", "--topology", "ring"], "--topology and --rank need --peers FILE"),

@@ -68,6 +68,16 @@ def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
     ]
     assert seen_by
     assert "centralized" in result.stdout and "vs centralized" in result.stdout
+    # Every peer averaged throughout: exchanges counted, none isolated, in the table too.
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if "vs centralized" in line)
+    assert "exchanges ok" in header and "failed" in header
+    for peer in results["peers"]:
+        assert peer["exchanges_ok"] > 150, peer  # one call a round (fanout 1), 300 rounds
+        assert 0 <= peer["exchanges_failed"] < peer["exchanges_ok"], peer
+        assert peer["isolated"] is False, peer
+        row = next(line for line in lines if f" {peer['id']} " in line and "%" in line)
+        assert f" {peer['exchanges_ok']} " in row and "ISOLATED" not in row
     secret = tmp_path / "swarm.secret"
     assert secret.stat().st_mode & 0o077 == 0 and len(secret.read_text()) == 64
 
@@ -128,10 +138,36 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
             ["launch", "--aggregator", "krum:f=x"],
             "--aggregator: krum: parameter f must be an integer",
         ),
-        (["launch", "--compress", "topk"], "--compress must be one of"),
+        (["launch", "--compress", "topk"], "--compress: topk drops most coordinates"),
         (["demo", "--algorithm", "choco"], "--algorithm 'choco' runs only in the simulator"),
-        (["launch", "--algorithm", "dpsgd", "--mode", "async"], "--mode async contradicts"),
-        (["launch", "--topology", "moebius"], "--topology: topology must be one of"),
+        (["launch", "--algorithm", "dpsgd", "--mode", "async"], "--mode 'async' contradicts"),
+        (["launch", "--topology", "moebius"], "--topology: topology spec 'moebius': unknown"),
+        # issue 15: a robust rule that cannot run is refused before any process starts
+        (
+            ["launch", "--peers", "3", "--aggregator", "trimmed-mean:b=1", "--steps", "200"],
+            "--aggregator: trimmed-mean:b=1 cannot run: trimmed-mean needs n > 2b, got n=2, b=1; "
+            "an AD-PSGD exchange averages 2 models",
+        ),
+        (
+            [
+                "launch",
+                "--peers",
+                "4",
+                "--algorithm",
+                "dpsgd",
+                "--topology",
+                "ring",
+                "--aggregator",
+                "krum:f=1",
+            ],
+            "--aggregator: krum:f=1 cannot run: krum needs n > 2f+2, got n=3, f=1; topology "
+            "'ring' on 4 peers gives a node as few as 2 neighbour(s)",
+        ),
+        (
+            ["launch", "--peers", "4", "--algorithm", "dpsgd", "--aggregator", "krum:f=1"],
+            "--aggregator: krum:f=1 cannot run: krum needs n > 2f+2, got n=4, f=1; --peers 4 "
+            "without --topology",
+        ),
         (["launch", "--peers", "3", "--topology", "hypercube"], "--topology: "),
         (["demo", "--peers", "x"], "--peers: invalid int value: 'x'"),
         (["status"], "the following arguments are required: URL"),
@@ -178,8 +214,44 @@ async def test_status_of_a_running_peer_readable_and_json() -> None:
         assert code == 0, err
         assert out.splitlines()[0] == f"peer a  ({a.address}, ad-psgd, protocol v1)"
         assert "neighbours (1):" in out and "b " in out and "alive" in out
+        assert "exchanges 3 ok, 0 failed" in out and "ISOLATED" not in out  # b's 3 calls
         code, out, err = await _status_cli(str(a.address), "--json")
         assert code == 0, err
         status = json.loads(out)
         assert status["id"] == "a" and status["neighbours"][0]["id"] == "b"
         assert status["bytes_in"] > 0 and status["algorithm"] == "ad-psgd"
+        assert status["exchanges"] == {"ok": 3, "failed": 0} and status["isolated"] is False
+
+
+def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from peer.launch import PeerProcess, _print_results, _row
+
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait(timeout=60)
+    isolated = PeerProcess(0, "peer-0", process, tmp_path, client_only=False)
+    isolated.status = {"step": 40, "loss": 0.5, "neighbours": [], "isolated": True,
+                       "exchanges": {"ok": 7, "failed": 31}}  # fmt: skip
+    assert _row(isolated) == ["peer-0 ISOLATED", "40", "0.5000", "0", "7", "31", "0 B/s", "done"]
+    isolated.status = {"step": 40, "neighbours": ["peer-1"]}  # a client-only peer's status line
+    assert _row(isolated)[0] == "peer-0" and _row(isolated)[4:6] == ["-", "-"]
+    results = {
+        "peers": [
+            {"id": "peer-0", "step": 40, "test_accuracy": 0.5, "exchanges_ok": 7,
+             "exchanges_failed": 31, "isolated": True},
+            {"id": "peer-1", "step": 40, "test_accuracy": 0.6, "exchanges_ok": 45,
+             "exchanges_failed": 0, "isolated": False},
+        ],
+        "centralized": {"test_accuracy": 0.55, "test_loss": 1.0, "samples": 2560, "error": None},
+    }  # fmt: skip
+    _print_results(results, argparse.Namespace(steps=40, batch_size=32, peers=2))
+    out = capsys.readouterr().out.splitlines()
+    assert "exchanges ok" in next(line for line in out if "vs centralized" in line)
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out if "pts" in line]
+    assert cells == [
+        ["peer-0 ISOLATED", "40", "50.0%", "-5.0 pts", "7", "31"],
+        ["peer-1", "40", "60.0%", "+5.0 pts", "45", "0"],
+    ]

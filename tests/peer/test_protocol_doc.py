@@ -65,3 +65,16 @@ async def test_the_documented_curl_example_works(tmp_path: Path) -> None:
     view = json.loads(out)
     assert view["id"] == "a"
     assert {"id": "b", "address": "127.0.0.1:9", "status": "alive"} in view["peers"]
+
+
+async def test_the_status_schema_and_example_list_exactly_the_served_fields() -> None:
+    async with started_peer("a") as peer:
+        status = peer.status()
+    schema = openapi()["components"]["schemas"]["Status"]
+    assert set(schema["properties"]) == set(status)
+    assert set(schema["required"]) <= set(status)
+    exchanges = schema["properties"]["exchanges"]
+    assert set(exchanges["properties"]) == set(exchanges["required"]) == set(status["exchanges"])
+    section = DOC.split("### `GET /v1/status`", 1)[1]
+    example = json.loads(re.search(r"```json\n(.*?)```", section, flags=re.DOTALL)[1])
+    assert set(example) == set(status)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from sim.build import build
 from sim.config import (
     AlgorithmConfig,
     ConfigError,
     ExperimentConfig,
     WorkloadConfig,
-    build,
     experiment_from_dict,
     load_experiment,
 )
@@ -111,13 +111,10 @@ def test_bad_fields_are_named_with_the_allowed_values(data: dict, message: str) 
         experiment_from_dict(data)
 
 
-def test_bad_specs_fail_at_build_naming_the_field() -> None:
-    base = ExperimentConfig(
-        workload=WorkloadConfig(dataset="synthetic:num_samples=200", peers=4),
-        algorithm=AlgorithmConfig(aggregator="no-such-rule"),
-    )
+def test_bad_specs_fail_naming_the_field() -> None:
+    # algorithm settings are refused at construction (gossip.GossipConfig), data sets at build
     with pytest.raises(ConfigError, match=r"algorithm\.aggregator: .*no-such-rule"):
-        build(base)
+        AlgorithmConfig(aggregator="no-such-rule")
     with pytest.raises(ConfigError, match=r"workload\.dataset"):
         build(ExperimentConfig(workload=WorkloadConfig(dataset="imagenet", peers=4)))
 
@@ -233,7 +230,7 @@ def test_each_graph_gets_its_natural_weights_so_the_directed_exponential_graph_r
     explicit = dataclasses.replace(
         config, algorithm=dataclasses.replace(config.algorithm, weights="metropolis")
     )
-    with pytest.raises(ConfigError, match=r"algorithm\.topology"):
+    with pytest.raises(ConfigError, match=r"algorithm\.weights: .*needs an undirected graph"):
         build(explicit)
 
 
@@ -258,3 +255,70 @@ def test_mnist1d_is_generated_once_into_the_cache_folder(
     assert len(list((tmp_path / "own").glob("mnist1d-*.npz"))) == 1
     with pytest.raises(ConfigError, match=r"workload\.cache_dir"):
         WorkloadConfig(cache_dir="")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "message"),
+    [
+        # issue 15: fields the simulator used to accept and silently drop
+        ({"name": "ad-psgd", "aggregator": "trimmed-mean:b=1"}, "algorithm.aggregator: .*2 models"),
+        ({"name": "ad-psgd", "compressor": "topk:ratio=0.1"}, "algorithm.compressor: topk drops"),
+        ({"name": "ad-psgd", "local_steps": 4}, "algorithm.local_steps: ad-psgd is always"),
+        ({"name": "ad-psgd", "order": "adapt-then-combine"}, "algorithm.order: ad-psgd is always"),
+        ({"name": "push-sum", "aggregator": "median"}, "algorithm.aggregator: is not used by"),
+        ({"name": "choco", "aggregator": "median"}, "algorithm.aggregator: is not used by"),
+        ({"name": "choco", "order": "combine-then-adapt"}, "algorithm.order: choco is always"),
+        ({"name": "allreduce", "topology": "ring"}, "algorithm.topology: is not used by"),
+        ({"name": "fedavg", "alpha": 0.1}, "algorithm.alpha: is not used by fedavg"),
+        ({"name": "dpsgd", "fraction": 0.5}, "algorithm.fraction: is not used by dpsgd"),
+        ({"name": "dpsgd", "schedule": "random-matching"}, "algorithm.schedule: .*topology"),
+    ],
+)
+def test_a_key_the_algorithm_does_not_read_is_refused(algorithm: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        experiment_from_dict({"algorithm": algorithm})
+
+
+@pytest.mark.parametrize(
+    ("topology", "message"),
+    [
+        ("random-k-out:k=2,seed=3", None),
+        ("random-k-out:seed=3", None),
+        ("one-peer-exponential:bogus=1", "algorithm.topology: .*bogus"),
+        ("ring:degree=3", "algorithm.topology: .*degree"),
+    ],
+)
+def test_topology_specs_use_the_one_grammar(topology: str, message: str | None) -> None:
+    config = ExperimentConfig(
+        rounds=1,
+        workload=WorkloadConfig(dataset="synthetic:num_samples=200", peers=6, model="logistic"),
+        algorithm=AlgorithmConfig(topology=topology),
+    )
+    if message is None:
+        algorithm, _, _ = build(config)
+        schedule = algorithm.schedule  # type: ignore[attr-defined]
+        expected = 2 if "k=2" in topology else 1
+        assert schedule.k == expected and schedule.seed == 3
+    else:
+        with pytest.raises(ConfigError, match=message):
+            build(config)
+
+
+def test_a_robust_rule_the_topology_cannot_feed_is_refused_before_any_data() -> None:
+    config = ExperimentConfig(
+        workload=WorkloadConfig(dataset="no-such-dataset", peers=8),
+        algorithm=AlgorithmConfig(topology="ring", aggregator="krum:f=1"),
+    )
+    # the topology check comes first: the data set is never looked at
+    with pytest.raises(ConfigError, match=r"algorithm\.aggregator: krum:f=1 cannot run.*ring"):
+        build(config)
+
+
+def test_compare_keeps_only_the_keys_each_algorithm_reads() -> None:
+    config = experiment_from_dict(
+        {"algorithm": {"name": "dpsgd", "topology": "torus", "aggregator": "median"}}
+    )
+    assert config.with_algorithm("allreduce").algorithm == AlgorithmConfig(name="allreduce")
+    push_sum = config.with_algorithm("push-sum").algorithm
+    assert push_sum.topology == "torus" and push_sum.aggregator is None
+    assert push_sum.gossip.order == "adapt-then-combine"  # push-sum's own default

@@ -22,13 +22,13 @@ import pytest
 import torch
 
 from sim.algorithms import OptimizerConfig
+from sim.build import build
 from sim.config import (
     ByzantineConfig,
     ConfigError,
     ExperimentConfig,
     NetworkConfig,
     WorkloadConfig,
-    build,
     experiment_from_dict,
 )
 from sim.engine import BatchedPeers
@@ -71,9 +71,9 @@ CASES: dict[str, ExperimentConfig] = {
 CASES |= {
     "fedavg-half": _with(BASE.with_algorithm("fedavg"), fraction=0.5),
     "dpsgd-atc-qsgd": _with(order="adapt-then-combine", compressor="qsgd"),
-    "dpsgd-topk-feedback": _with(compressor="topk:ratio=0.1,feedback=true"),
+    "dpsgd-qsgd-feedback": _with(compressor="qsgd:bits=4,feedback=true"),
     "choco-randk": _with(BASE.with_algorithm("choco"), compressor="randk:ratio=0.1"),
-    "push-sum-exponential": _with(BASE.with_algorithm("push-sum"), schedule="one-peer-exponential"),
+    "push-sum-exponential": _with(BASE.with_algorithm("push-sum"), topology="one-peer-exponential"),
     "dpsgd-loss-crash": dataclasses.replace(
         BASE,
         network=NetworkConfig(message_loss=0.2, crashes=({"peer": 2, "at": 0.0, "rejoin": 0.015},)),
