@@ -3,9 +3,9 @@
 One D-PSGD step of every peer on a ring (adapt-then-combine): gradient on its own batch, SGD
 with momentum, then gossip averaging with its two neighbours through ``consensus.WeightedMean``.
 
-- vectorized: ``sim.engine.BatchedPeers`` over ``[n, d]`` (for this MLP the linear-chain
+- vectorized: ``sim.batched.BatchedPeers`` over ``[n, d]`` (for this MLP the linear-chain
   kernels of ``sim.linear_chain``; ``--kernel vmap`` times ``vmap(grad)`` instead) with
-  gradient and optimizer step fused per block of peers (``sim.engine.BlockedOptimizer``),
+  gradient and optimizer step fused per block of peers (``sim.optimizers.BlockedOptimizer``),
   then gossip averaging as one sparse product into a second buffer that becomes the
   parameters (``gather_mix``, ``BlockedOptimizer.swap``): what ``SynchronousGossip`` runs for
   D-PSGD. The unfused path (all gradients, then one optimizer over ``[n, d]``) is timed too;
@@ -37,13 +37,9 @@ import torch
 
 import topologies
 from consensus.mean import WeightedMean, weighted_mean
-from sim.engine import (
-    BatchedPeers,
-    BlockedOptimizer,
-    build_optimizer,
-    gather_mix,
-    rows_for_budget,
-)
+from sim.batched import BatchedPeers
+from sim.mixing import gather_mix, rows_for_budget
+from sim.optimizers import BlockedOptimizer, build_optimizer
 from sim.reference import ReferencePeers
 from workloads import build_model, parameter_count
 

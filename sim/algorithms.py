@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sim.engine import BatchedPeers, build_optimizer, masked_step
+from sim.batched import BatchedPeers
 from sim.network import (
     ComputeModel,
     Failures,
@@ -26,6 +26,7 @@ from sim.network import (
     ring_allreduce_time,
     synchronous_round_time,
 )
+from sim.optimizers import build_optimizer, masked_step
 from workloads.batching import StackedBatchSampler
 
 BYTES_PER_FLOAT32 = 4

@@ -1,6 +1,6 @@
 """Batched forward and backward for chains of ``nn.Linear`` layers and elementwise activations.
 
-The general engine (:class:`sim.engine.BatchedPeers`) differentiates any model with
+The general engine (:class:`sim.batched.BatchedPeers`) differentiates any model with
 ``vmap(grad(loss))``. For the models a simulation trains most (an MLP, logistic regression,
 any ``nn.Sequential`` of ``Linear`` and activations) under the default cross-entropy loss,
 this module computes the same gradients with a handful of batched matrix products per layer,
@@ -164,7 +164,7 @@ class LinearChain:
     """A model that is a chain of ``Linear`` layers and activations, trained for ``b`` peers
     at once from rows of a flat ``[b, d]`` parameter tensor laid out by ``layout``.
 
-    Build it with :meth:`from_module`; :class:`sim.engine.BatchedPeers` does so by itself
+    Build it with :meth:`from_module`; :class:`sim.batched.BatchedPeers` does so by itself
     (``kernel="auto"``) and uses it whenever the loss is the default cross entropy and the
     batch fits (:meth:`accepts`).
 

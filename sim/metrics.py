@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sim.engine import BatchedPeers
+from sim.batched import BatchedPeers
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from gossip.flat import ParameterLayout
-from sim.engine import LossFunction
+from sim.batched import LossFunction
 
 
 class ReferencePeers:

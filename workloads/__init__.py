@@ -2,7 +2,9 @@
 
 Both runners use this package: the simulator draws ``[n, B, ...]`` batches for
 all peers at once (:class:`StackedBatchSampler`), a networked peer iterates its
-own (:func:`peer_batches`), and the two see the same samples for the same seed.
+own (:func:`peer_batches`), and the two see the same samples for the same seed. Both
+keep generated data sets in :func:`default_cache_dir`; :func:`train_centralized` is the
+one-model reference a swarm is compared with.
 
     >>> from workloads import load_dataset, partition, build_model, StackedBatchSampler
     >>> data = load_dataset("synthetic:num_samples=400,seed=0")
@@ -16,6 +18,7 @@ See docs/workloads.md.
 """
 
 from workloads._registry import Param
+from workloads.baseline import CentralizedResult, train_centralized
 from workloads.batching import (
     PeerBatchSampler,
     StackedBatchSampler,
@@ -23,6 +26,7 @@ from workloads.batching import (
     peer_batches,
     splitmix64,
 )
+from workloads.cache import default_cache_dir
 from workloads.datasets import (
     DATASETS,
     DEFAULT_DATASET,
@@ -49,6 +53,7 @@ __all__ = [
     "DEFAULT_DATASET",
     "MODELS",
     "PARTITIONS",
+    "CentralizedResult",
     "DataFileError",
     "Dataset",
     "DatasetConfig",
@@ -59,6 +64,7 @@ __all__ = [
     "UnsafePickleError",
     "build_model",
     "check_batchable",
+    "default_cache_dir",
     "dirichlet",
     "feistel_permutation",
     "flip_labels",
@@ -74,4 +80,5 @@ __all__ = [
     "resolve_device",
     "shards",
     "splitmix64",
+    "train_centralized",
 ]

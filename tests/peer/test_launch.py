@@ -139,7 +139,17 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
             "--aggregator: krum: parameter f must be an integer",
         ),
         (["launch", "--compress", "topk"], "--compress: topk drops most coordinates"),
-        (["demo", "--algorithm", "choco"], "--algorithm 'choco' runs only in the simulator"),
+        (["demo", "--algorithm", "choco"], "--topology is required for choco"),
+        (["launch", "--byzantine", "sign-flip"], "--byzantine must be K:ATTACK"),
+        (["launch", "--byzantine", "4:sign-flip"], "--byzantine K must be in [1, 4)"),
+        (
+            ["launch", "--byzantine", "1:nosuch", "--algorithm", "dpsgd"],
+            "--byzantine: unknown attack 'nosuch'",
+        ),
+        (
+            ["launch", "--byzantine", "1:sign-flip", "--algorithm", "ad-psgd"],
+            "--byzantine needs a synchronous algorithm",
+        ),
         (["launch", "--algorithm", "dpsgd", "--mode", "async"], "--mode 'async' contradicts"),
         (["launch", "--topology", "moebius"], "--topology: topology spec 'moebius': unknown"),
         # issue 15: a robust rule that cannot run is refused before any process starts
@@ -228,16 +238,27 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
 ) -> None:
     import argparse
 
-    from peer.launch import PeerProcess, _print_results, _row
+    from peer.progress import status_row
+    from peer.report import print_results
+    from peer.swarm import PeerProcess
 
     process = subprocess.Popen([sys.executable, "-c", ""])
     process.wait(timeout=60)
     isolated = PeerProcess(0, "peer-0", process, tmp_path, client_only=False)
     isolated.status = {"step": 40, "loss": 0.5, "neighbours": [], "isolated": True,
                        "exchanges": {"ok": 7, "failed": 31}}  # fmt: skip
-    assert _row(isolated) == ["peer-0 ISOLATED", "40", "0.5000", "0", "7", "31", "0 B/s", "done"]
+    assert status_row(isolated) == [
+        "peer-0 ISOLATED",
+        "40",
+        "0.5000",
+        "0",
+        "7",
+        "31",
+        "0 B/s",
+        "done",
+    ]
     isolated.status = {"step": 40, "neighbours": ["peer-1"]}  # a client-only peer's status line
-    assert _row(isolated)[0] == "peer-0" and _row(isolated)[4:6] == ["-", "-"]
+    assert status_row(isolated)[0] == "peer-0" and status_row(isolated)[4:6] == ["-", "-"]
     results = {
         "peers": [
             {"id": "peer-0", "step": 40, "test_accuracy": 0.5, "exchanges_ok": 7,
@@ -247,7 +268,7 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
         ],
         "centralized": {"test_accuracy": 0.55, "test_loss": 1.0, "samples": 2560, "error": None},
     }  # fmt: skip
-    _print_results(results, argparse.Namespace(steps=40, batch_size=32, peers=2))
+    print_results(results, argparse.Namespace(steps=40, batch_size=32, peers=2))
     out = capsys.readouterr().out.splitlines()
     assert "exchanges ok" in next(line for line in out if "vs centralized" in line)
     cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out if "pts" in line]

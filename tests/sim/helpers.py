@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from sim.algorithms import Context, OptimizerConfig
-from sim.engine import BatchedPeers
+from sim.batched import BatchedPeers
 from sim.metrics import Evaluation
 from sim.network import ComputeModel, Failures, Links
 from workloads.batching import StackedBatchSampler

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from sim.algorithms import OptimizerConfig
+from sim.batched import BatchedPeers
 from sim.build import build
 from sim.config import (
     ByzantineConfig,
@@ -31,7 +32,6 @@ from sim.config import (
     WorkloadConfig,
     experiment_from_dict,
 )
-from sim.engine import BatchedPeers
 from sim.metrics import Record
 from sim.runner import run
 from workloads import build_model, resolve_device

@@ -8,15 +8,9 @@ import torch
 from torch import nn
 
 from consensus.mean import WeightedMean
-from sim.engine import (
-    BatchedPeers,
-    BlockedOptimizer,
-    ModelNotBatchableError,
-    build_optimizer,
-    gather_mix,
-    gather_rows,
-    masked_step,
-)
+from sim.batched import BatchedPeers, ModelNotBatchableError
+from sim.mixing import gather_mix, gather_rows
+from sim.optimizers import BlockedOptimizer, build_optimizer, masked_step
 from sim.reference import ReferencePeers
 from workloads.models import NotBatchableError
 
@@ -194,7 +188,7 @@ def test_gradients_in_blocks_of_peers_equal_one_call() -> None:
 
 def test_stateful_rules_are_never_split_into_row_chunks() -> None:
     import consensus
-    from sim.engine import keeps_state
+    from sim.mixing import keeps_state
 
     assert not keeps_state(consensus.build("mean"))
     assert not keeps_state(consensus.build("trimmed-mean:b=1"))
@@ -318,7 +312,7 @@ def _random_table(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 @pytest.mark.parametrize("seed", range(4))
 def test_sparse_mix_equals_weighted_mean_of_the_gathered_rows(seed: int) -> None:
     from consensus.mean import weighted_mean
-    from sim.engine import sparse_mix
+    from sim.mixing import sparse_mix
 
     n, k, d = 9, 3, 7
     index, weight, mask = _random_table(n, k, seed)
@@ -352,33 +346,33 @@ def test_sparse_mix_in_column_chunks_equals_one_product_and_finds_a_late_nan(
 ) -> None:
     """The product runs chunk by chunk (here 4 chunks of 256 columns): the same result as one
     product over all columns, and a NaN or Inf in the last chunk still falls back."""
-    import sim.engine as engine
+    import sim.mixing as mixing
 
     n, k, d = 6, 2, 1000
     index, weight, mask = _random_table(n, k, 7)
     values = torch.randn(n, d, dtype=torch.float64)
     whole = torch.addmm(
         torch.zeros_like(values),
-        engine.sparse_gossip_matrix(index, weight, mask),
+        mixing.sparse_gossip_matrix(index, weight, mask),
         values,
         beta=0,
     )
-    monkeypatch.setattr(engine, "_MIX_CHUNK_BYTES", 1)  # the 256-column floor
-    mixed = engine.sparse_mix(values, index, weight, mask)
+    monkeypatch.setattr(mixing, "_MIX_CHUNK_BYTES", 1)  # the 256-column floor
+    mixed = mixing.sparse_mix(values, index, weight, mask)
     assert mixed is not None
     torch.testing.assert_close(mixed, whole, rtol=0, atol=0)
     for bad in (float("nan"), float("inf")):
         poisoned = values.clone()
         poisoned[3, 900] = bad
-        assert engine.sparse_mix(poisoned, index, weight, mask) is None
+        assert mixing.sparse_mix(poisoned, index, weight, mask) is None
     # finite values whose chunk sums overflow: the exact check clears them
     huge = torch.full((n, d), 1e308, dtype=torch.float64)
-    mixed = engine.sparse_mix(huge, index, weight, torch.zeros_like(mask))
+    mixed = mixing.sparse_mix(huge, index, weight, torch.zeros_like(mask))
     assert mixed is not None and torch.equal(mixed, huge)
 
 
 def test_cached_gossip_matrix_is_reused_only_for_the_same_table() -> None:
-    from sim.engine import cached_gossip_matrix, sparse_gossip_matrix
+    from sim.mixing import cached_gossip_matrix, sparse_gossip_matrix
 
     index, weight, mask = _random_table(8, 3, 11)
     first = cached_gossip_matrix(index, weight, mask)

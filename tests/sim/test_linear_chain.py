@@ -13,8 +13,9 @@ from torch import nn
 
 from gossip.flat import ParameterLayout
 from sim import linear_chain
-from sim.engine import BatchedPeers, BlockedOptimizer, build_optimizer
+from sim.batched import BatchedPeers
 from sim.linear_chain import LinearChain, NotALinearChainError
+from sim.optimizers import BlockedOptimizer, build_optimizer
 from sim.reference import ReferencePeers
 from workloads import build_model, layer_chain
 

@@ -89,7 +89,7 @@ def test_plot_draws_a_figure(tmp_path: Path) -> None:
 
 def test_importing_the_simulator_core_does_not_load_matplotlib() -> None:
     code = (
-        "import sys, sim.engine, sim.network, sim.algorithms, sim.gossip_runner, sim.runner, "
+        "import sys, sim.batched, sim.optimizers, sim.mixing, sim.network, sim.algorithms, sim.gossip_runner, sim.runner, "
         "sim.metrics, sim.config, sim.cli; print('matplotlib' in sys.modules)"
     )
     result = subprocess.run(

@@ -1,0 +1,107 @@
+"""The end of a swarm run: every peer's test accuracy beside the centralized reference.
+
+:func:`collect_results` gathers what each peer wrote with ``gossipnet peer --eval-out`` and
+the centralized run (:func:`workloads.train_centralized`) into one dictionary, the line
+``--json`` prints; :func:`print_results` draws it as the final table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from peer.swarm import Swarm, read_text
+from workloads.baseline import CentralizedResult
+
+
+def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, Any]:
+    """The run's results, what ``--json`` prints: per peer its exit code and, from its
+    ``--eval-out`` file, step, test accuracy and loss, exchanges and its attack if it was
+    Byzantine (or its last error); the centralized reference; the honest peers' mean test
+    accuracy; the run directory."""
+    peers = []
+    for peer in swarm.peers:
+        entry: dict[str, Any] = {
+            "id": peer.peer_id,
+            "client_only": peer.client_only,
+            "exit_code": peer.process.returncode,
+        }
+        text = read_text(peer.eval_file)
+        if text:
+            report = json.loads(text)
+            entry.update(step=report["step"], test_accuracy=report["test_accuracy"])
+            entry["test_loss"] = report["test_loss"]
+            for key in ("exchanges_ok", "exchanges_failed", "isolated", "byzantine"):
+                entry[key] = report.get(key)
+        elif peer.process.returncode not in (0, None):
+            entry["error"] = peer.last_error()
+        peers.append(entry)
+    # Byzantine peers (launch --byzantine) are the attack, not the swarm: left out of the mean
+    accuracies = [
+        p["test_accuracy"] for p in peers if "test_accuracy" in p and not p.get("byzantine")
+    ]
+    return {
+        "peers": peers,
+        "centralized": {
+            "test_accuracy": centralized.accuracy,
+            "test_loss": centralized.loss,
+            "samples": centralized.samples,
+            "error": centralized.error,
+        },
+        "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
+        "directory": str(swarm.directory),
+    }
+
+
+def _count(value: object) -> str:
+    """A count for the results table; ``-`` if the peer did not report it."""
+    return "-" if value is None else str(value)
+
+
+def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """The final table: per peer its step, test accuracy, gap to the centralized run, exchanges.
+
+    The exchange columns are the peer's successful and failed exchanges over the run; a
+    peer that ended isolated (training alone, :mod:`peer.health`) is marked ``ISOLATED``.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    reference = results["centralized"]["test_accuracy"]
+    table = Table(title=f"test accuracy after {args.steps} steps of batch {args.batch_size}")
+    for column in ("", "step", "test accuracy", "vs centralized", "exchanges ok", "failed"):
+        table.add_column(column, justify="left" if not column else "right")
+    for entry in results["peers"]:
+        accuracy = entry.get("test_accuracy")
+        if accuracy is None:
+            table.add_row(entry["id"], "-", entry.get("error", "no result"), "-", "-", "-")
+            continue
+        diff = "-" if reference is None else f"{100 * (accuracy - reference):+.1f} pts"
+        isolated = bool(entry.get("isolated"))
+        byzantine = f" (byzantine: {entry['byzantine']})" if entry.get("byzantine") else ""
+        table.add_row(
+            entry["id"] + byzantine + (" ISOLATED" if isolated else ""),
+            str(entry["step"]),
+            f"{100 * accuracy:.1f}%",
+            diff,
+            _count(entry.get("exchanges_ok")),
+            _count(entry.get("exchanges_failed")),
+            style="bold red" if isolated else None,
+        )
+    if reference is not None:
+        samples = results["centralized"]["samples"]
+        table.add_row(
+            "centralized",
+            str(args.steps),
+            f"{100 * reference:.1f}%",
+            f"batch {args.peers * args.batch_size}, {samples} samples",
+            "-",
+            "-",
+        )
+    elif results["centralized"]["error"]:
+        table.add_row("centralized", "-", results["centralized"]["error"], "-", "-", "-")
+    Console(width=max(100, os.get_terminal_size(sys.stdout.fileno()).columns)
+            if sys.stdout.isatty() else 100).print(table)  # fmt: skip

@@ -1,0 +1,239 @@
+"""The processes of a local swarm: ``gossipnet peer`` children, their ports and files.
+
+:class:`Swarm` starts N ``gossipnet peer`` OS processes on 127.0.0.1, all in one process
+group: ``peer-0`` is the bootstrap and the others ``--join`` it (or, with ``--topology``,
+every rank gets a port in a generated peer file, :func:`free_ports`, and all start at once).
+A fresh 32-byte swarm secret is written to a file readable only by the user and passed with
+``--secret-file``; peer i trains on shard i (``--num-peers N --peer-index i``) and writes its
+stdout, stderr, address and final evaluation into the run directory
+(:class:`PeerProcess`). :meth:`Swarm.stop` ends them together, never leaving orphans: SIGTERM
+to the group, a grace period for the final checkpoints, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GRACE_S = 15.0
+"""How long stopped peers get to checkpoint and exit before SIGKILL."""
+PASS_THROUGH = (
+    "algorithm", "mode", "compress", "aggregator", "local_steps", "consensus_step", "fanout",
+    "round_deadline_s",
+    "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "lr",
+    "momentum", "seed", "steps", "device", "checkpoint_every", "log_level",
+)  # fmt: skip
+"""Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``)."""
+
+
+@dataclass
+class PeerProcess:
+    """One child ``gossipnet peer`` and the files it writes in the run directory."""
+
+    index: int
+    peer_id: str
+    process: subprocess.Popen[bytes]
+    directory: Path
+    client_only: bool
+    address: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    rate: float = 0.0
+    last_bytes: tuple[float, float] | None = None
+
+    @property
+    def stdout(self) -> Path:
+        return self.directory / f"{self.peer_id}.out"
+
+    @property
+    def stderr(self) -> Path:
+        return self.directory / f"{self.peer_id}.err"
+
+    @property
+    def eval_file(self) -> Path:
+        return self.directory / f"{self.peer_id}.eval.json"
+
+    @property
+    def address_file(self) -> Path:
+        return self.directory / f"{self.peer_id}.address"
+
+    def last_error(self) -> str:
+        lines = [line for line in read_text(self.stderr).splitlines() if line.strip()]
+        return lines[-1] if lines else f"exit code {self.process.returncode}"
+
+    def last_status_line(self) -> dict[str, Any]:
+        for line in reversed(read_text(self.stdout).splitlines()):
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    loaded = json.loads(line)
+                    if isinstance(loaded, dict):
+                        return loaded
+        return {}
+
+
+def read_text(path: Path) -> str:
+    """The text of a file a peer writes, or ``""`` while it does not exist yet."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while chosen)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+async def wait_for_address(
+    peer: PeerProcess, stop: asyncio.Event, timeout_s: float = 120.0
+) -> str | None:
+    """The bootstrap's ``HOST:PORT`` once it listens; ``None`` if ``stop`` is set first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = read_text(peer.address_file).strip()
+        if text:
+            return text
+        if peer.process.poll() is not None:
+            raise RuntimeError(f"{peer.peer_id} exited before listening: {peer.last_error()}")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+        if stop.is_set():
+            return None
+    raise RuntimeError(f"{peer.peer_id} did not start listening within {timeout_s:.0f} s")
+
+
+class Swarm:
+    """The children of one launch, in one process group (stopped together, never orphaned)."""
+
+    def __init__(self, args: argparse.Namespace, directory: Path) -> None:
+        self.args = args
+        self.directory = directory
+        self.peers: list[PeerProcess] = []
+        self.group: int | None = None
+        self.secret_file = directory / "swarm.secret"
+        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as stream:
+            stream.write(secrets.token_hex(32))
+        self.peer_file: Path | None = None
+        if args.topology:
+            self.peer_file = directory / "peers.txt"
+            ports = free_ports(args.peers)
+            self.peer_file.write_text("".join(f"127.0.0.1:{port}\n" for port in ports))
+
+    def _common(self, index: int) -> list[str]:
+        args = self.args
+        flags: list[str] = []
+        for name in PASS_THROUGH:
+            value = getattr(args, name)
+            if value is not None:
+                flags += ["--" + name.replace("_", "-"), str(value)]
+        flags += [
+            "--id", f"peer-{index}", "--num-peers", str(args.peers), "--peer-index", str(index),
+            "--secret-file", str(self.secret_file), "--progress", "lines",
+            "--status-every", str(max(1, args.steps // 10)),
+            "--wait-for-peers", str(args.peers - 1),
+            "--eval-out", str(self.directory / f"peer-{index}.eval.json"),
+        ]  # fmt: skip
+        if args.algorithm in (None, "ad-psgd") and args.mode in (None, "async"):
+            # Finished peers keep answering until every peer is done (then SIGTERM), so
+            # no straggler ends its run averaging with nobody.
+            flags.append("--hold")
+        if args.checkpoint_every:
+            flags += ["--checkpoint-dir", str(self.directory / f"peer-{index}.checkpoints")]
+        if self.peer_file is not None:
+            flags += ["--peers", str(self.peer_file), "--rank", str(index)]
+        if index >= args.peers - getattr(args, "byzantine_count", 0):  # the last K peers
+            flags += ["--byzantine", str(args.byzantine_attack)]
+        return [*flags, *shlex.split(args.peer_args)]
+
+    def spawn(self, index: int, extra: Sequence[str]) -> PeerProcess:
+        peer_id = f"peer-{index}"
+        command = [sys.executable, "-m", "gossipnet", "peer", *self._common(index), *extra]
+        (self.directory / f"{peer_id}.command").write_text(shlex.join(command) + "\n")
+        with (
+            open(self.directory / f"{peer_id}.out", "wb") as out,
+            open(self.directory / f"{peer_id}.err", "wb") as err,
+        ):
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                process_group=0 if self.group is None else self.group,
+            )
+        if self.group is None:
+            self.group = process.pid
+        (self.directory / f"{peer_id}.pid").write_text(f"{process.pid}\n")
+        client_only = "--client-only" in extra
+        peer = PeerProcess(index, peer_id, process, self.directory, client_only)
+        self.peers.append(peer)
+        return peer
+
+    async def start(self, stop: asyncio.Event) -> bool:
+        """Spawn every peer: with a peer file (``--topology``) all ranks at once, else the
+        bootstrap first and, once it listens, the others ``--join`` it; the last
+        ``--client-only`` K never listen. False if ``stop`` was set before the bootstrap
+        listened (then nothing else was started)."""
+        args = self.args
+        first_listening = args.client_only < args.peers
+        listening = args.peers - args.client_only
+        extras: list[list[str]] = []
+        for index in range(args.peers):
+            extra = ["--address-file", str(self.directory / f"peer-{index}.address")]
+            if index >= listening:
+                extra = ["--client-only"]
+            extras.append(extra)
+        if self.peer_file is not None:  # every rank knows every address: start all at once
+            for index in range(args.peers):
+                self.spawn(index, extras[index])
+            return True
+        bootstrap = self.spawn(0, extras[0])
+        assert first_listening
+        address = await wait_for_address(bootstrap, stop)
+        if address is None:
+            return False
+        for index in range(1, args.peers):
+            self.spawn(index, [*extras[index], "--join", address])
+        return True
+
+    def signal_all(self, sig: int) -> None:
+        if self.group is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.group, sig)
+
+    def alive(self) -> list[PeerProcess]:
+        return [p for p in self.peers if p.process.poll() is None]
+
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        """SIGTERM the group, wait ``grace_s`` for clean exits, then SIGKILL what is left."""
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.alive():
+            self.signal_all(signal.SIGKILL)
+        for peer in self.peers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                peer.process.wait(timeout=5)

@@ -1,0 +1,306 @@
+"""The batched model: n copies of one model as a single ``[n, d]`` tensor, and its gradients.
+
+All peers' parameters live in one stacked leaf ``params [n, d]``; gradients for every
+peer come from one call over per-peer batches ``x [n, B, ...]``, ``y [n, B]``, by one of two
+kernels (:class:`BatchedPeers` picks): the hand-derived batched kernels of
+:mod:`sim.linear_chain` for chains of ``Linear`` layers and activations,
+``torch.func.vmap(torch.func.grad(loss))`` for every other model. Both write each block of
+peers' gradients straight into the flat ``[n, d]`` buffer, a cache-sized block at a time.
+
+The optimizers over the stacked leaf live in :mod:`sim.optimizers`, mixing in
+:mod:`sim.mixing`; :class:`sim.reference.ReferencePeers` (one ``nn.Module`` per peer) is what
+``tests/sim`` checks them against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from gossip.flat import ParameterLayout
+from sim.linear_chain import LinearChain, NotALinearChainError
+from workloads.models import NotBatchableError, check_batchable
+
+LossFunction = Callable[[Tensor, Tensor], Tensor]
+
+#: values of :class:`BatchedPeers`' ``kernel`` argument
+KERNELS = ("auto", "vmap", "linear")
+
+
+class ModelNotBatchableError(NotBatchableError):
+    """A user model that ``torch.func.vmap`` cannot run over a stack of peers (a
+    ``workloads.NotBatchableError``, itself a ``ValueError``)."""
+
+
+def _flat(layout: ParameterLayout, module: nn.Module) -> Tensor:
+    return layout.flatten({name: p.detach() for name, p in module.named_parameters()})
+
+
+def _seeded_copy(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return factory()
+
+
+class BatchedPeers:
+    """n peers of one model architecture, trained as one ``[n, d]`` tensor.
+
+    The gradient of every peer's loss on its own batch in one call,
+    ``g_i = ∇_x ℓ(f(x_i; X_i), Y_i)`` for i = 1..n, via ``vmap(grad(ℓ ∘ functional_call))``
+    (Horace He and Richard Zou, *functorch*, 2021; the torch.func API).
+
+    Args:
+        model: a factory ``() -> nn.Module`` (called under ``seed`` so initial weights are
+            reproducible) or a module to copy.
+        n: number of peers (>= 1).
+        init: ``"same"`` (every peer starts from the same weights, as in D-PSGD) or
+            ``"independent"`` (peer i is built under seed ``seed + i``).
+        seed: seeds the initial weights.
+        loss: ``loss(logits [B, C], targets [B]) -> scalar``; cross entropy by default.
+        kernel: how gradients are computed. ``"auto"`` (default): by the hand-derived
+            batched kernels of :class:`sim.linear_chain.LinearChain` when the model is a
+            chain of ``Linear`` layers and activations (an MLP, logistic regression, such an
+            ``nn.Sequential``) under the default loss, else by ``vmap(grad)``; ``"vmap"``:
+            always ``vmap(grad)``; ``"linear"``: the chain kernels, and a ``ValueError``
+            saying why when the model does not qualify. Both give the same gradients up to
+            float rounding (tested); :attr:`kernel` says which one is in use.
+        device: where the stacked parameters, the model's buffers and everything the engine
+            derives from them live (``"cpu"``, ``"cuda"``, ``"cuda:1"``; see
+            :func:`workloads.resolve_device`). Initial weights are drawn on the CPU and
+            moved, so they are the same on every device.
+
+    Example::
+
+        peers = BatchedPeers(lambda: nn.Linear(10, 3), n=16, seed=0)
+        loss, grads = peers.gradients(x, y)        # x [16, B, 10], y [16, B]
+        peers.params.grad = grads
+        optimizer = torch.optim.SGD([peers.params], lr=0.1, momentum=0.9)
+        optimizer.step()                            # 16 per-peer SGD steps at once
+    """
+
+    def __init__(
+        self,
+        model: Callable[[], nn.Module] | nn.Module,
+        n: int,
+        *,
+        init: str = "same",
+        seed: int = 0,
+        loss: LossFunction | None = None,
+        dtype: torch.dtype = torch.float32,
+        kernel: str = "auto",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n: number of peers must be an integer >= 1, got {n!r}")
+        if init not in ("same", "independent"):
+            raise ValueError(f"init: must be one of 'same', 'independent', got {init!r}")
+        if kernel not in KERNELS:
+            raise ValueError(
+                f"kernel: must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}"
+            )
+        if isinstance(model, nn.Module):
+            template = model
+            factory: Callable[[], nn.Module] | None = None
+        elif callable(model):
+            factory = model
+            template = _seeded_copy(factory, seed)
+            if not isinstance(template, nn.Module):
+                raise TypeError(f"model: factory must return an nn.Module, got {type(template)}")
+        else:
+            raise TypeError(f"model: expected an nn.Module or a factory, got {type(model)}")
+        self.n = n
+        self.template = template
+        check_batchable(template)  # static checks: BatchNorm running stats, random layers
+        self.layout = ParameterLayout.from_module(template)
+        if self.layout.numel == 0:
+            raise ValueError("model: has no parameters to train (numel 0)")
+        self.loss: LossFunction = loss if loss is not None else nn.functional.cross_entropy
+        device = torch.device(device)
+        self.buffers = {name: b.detach().to(device) for name, b in template.named_buffers()}
+        first = _flat(self.layout, template).to(dtype)
+        if init == "same":
+            stacked = first.unsqueeze(0).repeat(n, 1)
+        else:
+            if factory is None:
+                raise ValueError("init: 'independent' needs a model factory, not a module")
+            stacked = torch.empty(n, self.layout.numel, dtype=dtype)
+            stacked[0] = first
+            for i in range(1, n):  # construction only, once per run
+                stacked[i] = _flat(self.layout, _seeded_copy(factory, seed + i)).to(dtype)
+        # built on the CPU under the seed (same initial weights on every device), then moved
+        self.params: Tensor = stacked.to(device)
+        # differentiate w.r.t. per-parameter views of each row (not the flat row: the backward
+        # of n slices of one flat vector would zero-fill and add n full [n, d] buffers).
+        # vmap(grad) rather than vmap(forward) + one backward of the summed losses: the latter
+        # returns every weight gradient transposed ([out, in] with strides of [in, out]), and
+        # flattening those costs more than it saves (measured for mlp-100k).
+        self._grad_fn = vmap(grad_and_value(self._loss_of_views), in_dims=(0, 0, 0))
+        self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
+        self._checked = False
+        self.chain: LinearChain | None = None
+        if kernel != "vmap":
+            try:
+                if loss is not None:
+                    raise NotALinearChainError(
+                        "a custom loss is given (the kernels compute cross entropy)"
+                    )
+                self.chain = LinearChain.from_module(template, self.layout)
+            except NotALinearChainError as error:
+                if kernel == "linear":
+                    raise ValueError(f"kernel: 'linear' cannot run this model: {error}") from error
+
+    @property
+    def kernel(self) -> str:
+        """``"linear"`` when gradients come from :class:`sim.linear_chain.LinearChain` (for
+        inputs it :meth:`~sim.linear_chain.LinearChain.accepts`), else ``"vmap"``."""
+        return "vmap" if self.chain is None else "linear"
+
+    @property
+    def dim(self) -> int:
+        """d, the number of parameters of one peer's model."""
+        return self.layout.numel
+
+    def _forward_views(self, views: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(self.template, (views, self.buffers), (x,))
+
+    def _loss_of_views(self, views: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        return self.loss(self._forward_views(views, x), y)
+
+    def _batchable_guard(self, call: Callable[..., Any], *args: Any) -> Any:
+        if self._checked:
+            return call(*args)
+        try:
+            result = call(*args)
+        except (RuntimeError, NotImplementedError, ValueError) as error:
+            raise ModelNotBatchableError(
+                "",
+                f"{type(self.template).__name__} fails under vmap(grad(loss)) over the peers "
+                f"({type(error).__name__}: {error}). Common causes: BatchNorm updating running "
+                "statistics in training mode (use GroupNorm/LayerNorm or "
+                "track_running_stats=False), in-place updates of buffers, .item() or "
+                "data-dependent Python control flow in forward().",
+            ) from error
+        self._checked = True
+        return result
+
+    def gradients(
+        self,
+        x: Tensor,
+        y: Tensor,
+        params: Tensor | None = None,
+        *,
+        block_rows: int | None = None,
+        out: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Per-peer loss ``[m]`` and gradient ``[m, d]`` of ``params [m, d]`` (default all).
+
+        Peers are processed ``block_rows`` at a time (default: as many as keep about 32 MiB of
+        per-peer gradients in flight), each block one ``vmap(grad)`` whose result is written
+        straight into the ``[m, d]`` output: at large n this keeps the block's gradients in
+        the CPU cache instead of materialising and copying an ``[n, d]`` intermediate.
+        ``out`` (``[m, d]``, contiguous) receives the gradients instead of a new tensor: a
+        buffer reused every step costs no fresh pages (a new 100 MB tensor is ~25k page
+        faults, each zero-filled by the kernel).
+        """
+        flat = self.params if params is None else params
+        m = flat.shape[0]
+        if x.shape[0] != m or y.shape[0] != m:
+            raise ValueError(
+                f"x, y: leading dimension must be the number of peers {m}, "
+                f"got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        block = block_rows or self.default_block_rows()
+        if block < 1:
+            raise ValueError(f"block_rows: must be >= 1, got {block_rows}")
+        flat = flat.detach()
+        if out is not None and (out.shape != flat.shape or not out.is_contiguous()):
+            raise ValueError(
+                f"out: must be a contiguous tensor of shape {tuple(flat.shape)}, "
+                f"got {tuple(out.shape)}"
+            )
+        if self.chain is not None and self.chain.accepts(flat, x, y):
+            out = torch.empty_like(flat) if out is None else out
+            losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
+            for start in range(0, m, block):
+                rows = slice(start, start + block)
+                losses[rows] = self.chain.gradients(flat[rows], x[rows], y[rows], out=out[rows])
+            return losses, out
+        if m <= block:
+            views = self.layout.unflatten(flat)
+            grads, losses = self._batchable_guard(self._grad_fn, views, x, y)
+            if out is None:
+                return losses.detach(), self.layout.flatten(grads).detach()
+            self._flatten_into(grads, out)
+            return losses.detach(), out
+        out = torch.empty_like(flat) if out is None else out
+        losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
+        for start in range(0, m, block):
+            rows = slice(start, start + block)
+            views = self.layout.unflatten(flat[rows])
+            grads, loss = self._batchable_guard(self._grad_fn, views, x[rows], y[rows])
+            self._flatten_into(grads, out[rows])
+            losses[rows] = loss.detach()
+        return losses, out
+
+    def _flatten_into(self, grads: dict[str, Tensor], out: Tensor) -> None:
+        """``layout.flatten(grads)`` written into ``out [b, d]`` by one ``torch.cat``."""
+        rows = out.shape[0]
+        parts = [grads[e.name].detach().reshape(rows, e.numel) for e in self.layout.entries]
+        torch.cat(parts, dim=1, out=out)
+
+    def default_block_rows(self) -> int:
+        """Peers per gradient call: as many as keep ~32 MiB of gradients in flight, split
+        evenly (64 peers of 100k parameters: one block; 100 peers: two of 50)."""
+        limit = max(1, (32 << 20) // (self.params.element_size() * self.dim))
+        return even_blocks(self.n, limit)
+
+    @torch.no_grad()
+    def logits(self, x: Tensor, params: Tensor | None = None) -> Tensor:
+        """Outputs ``[m, N, C]`` of models ``params [m, d]`` on one shared input ``x [N, ...]``."""
+        flat = self.params if params is None else params
+        views = self.layout.unflatten(flat)
+        return self._batchable_guard(self._forward_shared, views, x)
+
+    @torch.no_grad()
+    def evaluate(
+        self, x: Tensor, y: Tensor, params: Tensor | None = None, *, batch_size: int = 4096
+    ) -> tuple[Tensor, Tensor]:
+        """Accuracy ``[m]`` and mean loss ``[m]`` of models ``params [m, d]`` on ``(x, y)``.
+
+        One vmap over the models per chunk of ``batch_size`` examples.
+        """
+        flat = self.params if params is None else params
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        correct = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+        total_loss = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+        loss_per_model = vmap(self.loss, in_dims=(0, None))
+        for start in range(0, x.shape[0], batch_size):
+            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            out = self.logits(xb, flat)
+            correct += (out.argmax(dim=-1) == yb).sum(dim=1).double()
+            total_loss += loss_per_model(out, yb).double() * xb.shape[0]
+        count = max(int(x.shape[0]), 1)
+        return correct / count, total_loss / count
+
+    def module(self, row: int | Tensor) -> nn.Module:
+        """A standalone copy of the template model holding peer ``row``'s (or a given) weights."""
+        import copy
+
+        flat = self.params[row] if isinstance(row, int) else row
+        clone = copy.deepcopy(self.template)
+        with torch.no_grad():
+            for name, view in self.layout.unflatten(flat.detach()).items():
+                clone.get_parameter(name).copy_(view)
+        return clone
+
+
+def even_blocks(n: int, limit: int) -> int:
+    """The block size that splits ``n`` rows into as few blocks of at most ``limit`` rows as
+    possible, all of about the same size (no block of one peer left over)."""
+    count = -(-n // max(limit, 1))
+    return -(-n // count)

@@ -1,0 +1,269 @@
+"""Mixing every peer with its neighbours at once: gather, streaming, sparse product.
+
+Plain gossip averaging is one sparse product ``X <- W X`` (:func:`sparse_mix`, with ``W``
+from :func:`sparse_gossip_matrix`: the neighbour table, masks and self weights the rule
+uses); other ``consensus`` rules read neighbours by gather, ``params[index] -> [k, d]`` per
+receiver along a ``topologies.NeighbourTable`` (:func:`gather_rows`), streamed chunk by chunk
+of receivers (:func:`rows_for_budget`) so that the ``[rows, k, d]`` gather stays in cache.
+:func:`gather_mix` chooses. The cost is O(n * k * d), never a dense n x n product.
+
+The sparse gossip matrix is built here, not beside the other matrices in ``topologies``:
+it is a torch tensor on the run's device, and ``topologies`` depends on numpy, scipy and
+networkx only (it never imports torch).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from consensus.base import Rule
+from consensus.mean import WeightedMean, weighted_mean
+from gossip.algorithms import NeighbourTableLike
+
+
+class AggregatorLike(Protocol):
+    """The ``consensus.Aggregator`` protocol (vector convention, batched over nodes)."""
+
+    def __call__(
+        self, own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None = None
+    ) -> Tensor: ...
+
+
+def gather_mix(
+    values: Tensor,
+    table: NeighbourTableLike,
+    aggregator: AggregatorLike,
+    *,
+    sent: Tensor | None = None,
+    alive: Tensor | None = None,
+    chunk_rows: int | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Every peer i mixes ``own = values[i]`` with what its neighbours sent:
+    ``x_i <- rule(x_i, {sent_j : j ∈ N(i)}, W_i·)``.
+
+    Plain averaging (``consensus.WeightedMean``) of the peers' own vectors runs as one sparse
+    product (:func:`sparse_mix`); other rules, or messages that differ from the senders'
+    vectors (Byzantine peers, compression), gather the neighbours' rows.
+
+    Args:
+        values: each peer's own vector ``[n, d]``.
+        table: who receives from whom, with the off-diagonal weights.
+        aggregator: a ``consensus`` rule (``mean`` is plain gossip averaging).
+        sent: what each peer sends ``[n, d]`` (default ``values``); Byzantine peers' rows differ.
+        alive: ``[n]`` bool; a dead sender's entries are masked out (its weight folds into
+            the receiver's self weight) and a dead receiver keeps its own vector.
+        chunk_rows: mix this many receivers at a time to bound the ``[rows, k, d]`` gather;
+            only for stateless rules (a rule that overrides ``reset()`` keeps batched state
+            and is called once on all rows).
+        out: an ``[n, d]`` buffer (not ``values`` or ``sent``) for the chunked result, reused
+            between rounds so that no fresh ``[n, d]`` pages are faulted in every round.
+    """
+    sent = values if sent is None else sent
+    device = values.device
+    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long, device=device)
+    weight = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype, device=device)
+    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool, device=device)
+    n = values.shape[0]
+    if index.shape[0] != n:
+        raise ValueError(f"table: has {index.shape[0]} rows but there are {n} peers")
+    if alive is not None:
+        mask = mask & alive[index]
+    if out is not None and (
+        out.shape != values.shape or out.data_ptr() in (values.data_ptr(), sent.data_ptr())
+    ):
+        raise ValueError(
+            f"out: must be a separate buffer of shape {tuple(values.shape)}, got {tuple(out.shape)}"
+        )
+    if type(aggregator) is WeightedMean and sent is values:
+        # plain gossip averaging of the peers' own vectors is one sparse product
+        product = sparse_mix(values, index, weight, mask, alive=alive, out=out)
+        if product is not None:
+            return product
+    stateful = keeps_state(aggregator)
+    if chunk_rows is None or stateful or chunk_rows >= n:
+        mixed = aggregator(values, gather_rows(sent, index), weight, mask)
+    else:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows: must be >= 1, got {chunk_rows}")
+        mixed = torch.empty_like(values) if out is None else out
+        # one gather buffer for every chunk: no fresh pages per chunk
+        linear = type(aggregator) is WeightedMean and mixed.is_contiguous()
+        scratch = sent.new_empty(chunk_rows * index.shape[1], sent.shape[1])
+        for start in range(0, n, chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            received = gather_rows(sent, index[rows], out=scratch)
+            if linear:  # straight into the result rows: no temporary, no copy
+                weighted_mean(values[rows], received, weight[rows], mask[rows], out=mixed[rows])
+            else:
+                mixed[rows] = aggregator(values[rows], received, weight[rows], mask[rows])
+    if alive is not None:
+        mixed = torch.where(alive.unsqueeze(1), mixed, values)
+    if out is not None and mixed is not out:
+        out.copy_(mixed)
+        return out
+    return mixed
+
+
+def sparse_gossip_matrix(
+    index: Tensor, weight: Tensor, mask: Tensor, *, alive: Tensor | None = None
+) -> Tensor:
+    """The sparse ``[n, n]`` gossip matrix (CSR) of a neighbour table: ``W_ij`` at the
+    neighbours a receiver hears from (``mask``), the self weight ``w_ii = 1 − Σ_j W_ij`` on
+    the diagonal, so a masked neighbour's weight folds into the self weight as in
+    :func:`consensus.weighted_mean`; a dead receiver (``alive`` False) gets the identity row.
+    ``n · (k + 1)`` stored entries; a neighbour listed twice has its weights summed."""
+    n, k = index.shape
+    w = torch.where(mask, weight, 0.0)
+    if alive is not None:
+        w = torch.where(alive.unsqueeze(1), w, 0.0)
+    self_weight = 1.0 - w.sum(dim=1)
+    rows = torch.arange(n, device=index.device)
+    coordinates = torch.stack(
+        (torch.cat((rows, rows.repeat_interleave(k))), torch.cat((rows, index.reshape(-1))))
+    )
+    values = torch.cat((self_weight, w.reshape(-1)))
+    matrix = torch.sparse_coo_tensor(
+        coordinates, values, (n, n), check_invariants=True, device=values.device
+    )
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return matrix.coalesce().to_sparse_csr()
+
+
+def sparse_mix(
+    values: Tensor,
+    index: Tensor,
+    weight: Tensor,
+    mask: Tensor,
+    *,
+    alive: Tensor | None = None,
+    out: Tensor | None = None,
+) -> Tensor | None:
+    """Gossip averaging of every peer at once as one sparse product, ``X <- W X`` with ``W``
+    from :func:`sparse_gossip_matrix`: O(n · (k + 1) · d) work, one read of the neighbours' rows
+    and one write of the result (into ``out`` when given), about half the memory traffic of a
+    gather followed by a weighted sum.
+
+    The product runs over column chunks of a few MiB, and each chunk of the result is summed
+    while it is still in cache: the finiteness check costs no second pass over ``[n, d]``.
+    ``W`` is built once per distinct table (a static topology without losses reuses it
+    every round; see :func:`cached_gossip_matrix`).
+
+    Returns None where the exact :func:`consensus.weighted_mean` must run instead: a dtype
+    torch's sparse product does not take, or a non-finite result (that rule masks a
+    non-finite neighbour row and refuses a non-finite own vector, row by row).
+    """
+    if values.dim() != 2 or values.dtype not in (torch.float32, torch.float64):
+        return None
+    matrix = cached_gossip_matrix(
+        index, weight, mask, alive=alive, dtype=values.dtype, device=values.device
+    )
+    target = torch.empty_like(values) if out is None else out
+    n, d = values.shape
+    # column chunks keep a CPU's cache hot; a GPU takes the whole product in one call
+    width = (
+        min(d, max(256, _MIX_CHUNK_BYTES // max(1, n * values.element_size())))
+        if values.device.type == "cpu"
+        else d
+    )
+    sums = values.new_empty(-(-d // width))
+    for chunk, start in enumerate(range(0, d, width)):
+        part = target[:, start : start + width]
+        torch.addmm(part, matrix, values[:, start : start + width], beta=0, out=part)
+        torch.sum(part, dim=(0, 1), out=sums[chunk])
+    # a NaN or Inf anywhere makes its chunk's sum non-finite; a finite sum proves the chunk
+    # finite, and only an overflowing sum needs the exact elementwise check
+    finite = bool(torch.isfinite(sums).all()) or bool(torch.isfinite(target).all())
+    return target if finite else None
+
+
+#: bytes of ``values`` per column chunk of :func:`sparse_mix` (cache-sized)
+_MIX_CHUNK_BYTES = 4 << 20
+_MATRIX_CACHE_SIZE = 4
+_matrix_cache: OrderedDict[tuple[object, ...], Tensor] = OrderedDict()
+_matrix_cache_lock = threading.Lock()
+
+
+def cached_gossip_matrix(
+    index: Tensor,
+    weight: Tensor,
+    mask: Tensor,
+    *,
+    alive: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """:func:`sparse_gossip_matrix` of the table, ``dtype`` and ``device``, reused while the
+    same table comes again: the key is the tables' exact contents (n · k small entries), so a
+    changed weight, mask or liveness builds a new matrix. The last few matrices are kept."""
+    key = (
+        str(torch.device(device)),
+        dtype,
+        tuple(index.shape),
+        *(
+            None if t is None else t.detach().cpu().contiguous().numpy().tobytes()
+            for t in (index, weight.to(dtype), mask.to(torch.bool), alive)
+        ),
+    )
+    with _matrix_cache_lock:
+        matrix = _matrix_cache.get(key)
+        if matrix is not None:
+            _matrix_cache.move_to_end(key)
+            return matrix
+    matrix = sparse_gossip_matrix(
+        index.to(device),
+        weight.to(device, dtype),
+        mask.to(device),
+        alive=None if alive is None else alive.to(device),
+    )
+    with _matrix_cache_lock:
+        _matrix_cache[key] = matrix
+        while len(_matrix_cache) > _MATRIX_CACHE_SIZE:
+            _matrix_cache.popitem(last=False)
+    return matrix
+
+
+def gather_rows(values: Tensor, index: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """``values[index]`` for ``values [n, *rest]`` and ``index [m, k]``: the ``[m, k, *rest]``
+    rows each receiver reads, by ``torch.index_select`` (several times faster than advanced
+    indexing on CPU), written into the front of ``out`` (at least ``m * k`` rows shaped like
+    those of ``values``) when given, so that a buffer can be reused."""
+    flat = index.reshape(-1)
+    rest = tuple(values.shape[1:])
+    if out is None:
+        rows = torch.index_select(values, 0, flat)
+    else:
+        if out.shape[0] < flat.numel() or tuple(out.shape[1:]) != rest:
+            raise ValueError(
+                f"out: needs at least {flat.numel()} rows of shape {rest}, "
+                f"got shape {tuple(out.shape)}"
+            )
+        rows = torch.index_select(values, 0, flat, out=out[: flat.numel()])
+    return rows.view(*index.shape, *rest)
+
+
+def keeps_state(aggregator: object) -> bool:
+    """Whether a rule keeps batched state between calls: its ``stateful`` flag
+    (``consensus.Rule.stateful``), else whether it overrides ``Rule.reset``."""
+    flag = getattr(aggregator, "stateful", None)
+    if isinstance(flag, bool):
+        return flag
+    reset = getattr(type(aggregator), "reset", None)
+    return reset is not None and reset is not Rule.reset
+
+
+def rows_for_budget(
+    n: int, k: int, d: int, *, element_size: int = 4, budget_bytes: int = 1 << 23
+) -> int:
+    """How many receivers fit a ``[rows, k, d]`` gather in ``budget_bytes`` (default 8 MiB,
+    about what stays in a CPU's last-level cache while the rule reads it back)."""
+    per_row = max(k, 1) * d * element_size
+    return max(1, min(n, budget_bytes // max(per_row, 1)))
