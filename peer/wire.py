@@ -1,27 +1,29 @@
-"""The gossipnet wire format: a versioned msgpack envelope carrying raw tensor bytes.
+"""The gossipnet wire format: a versioned msgpack envelope around one codec payload.
 
 Every body a peer sends is one msgpack map (protocol version 1)::
 
     {"v": 1, "sender": "peer-a", "round": 12, "step": 480, "codec": "none",
-     "payload": {"tensor": {"dtype": "float32", "shape": [d], "data": <d*4 raw bytes>}}}
+     "payload": {"codec": "none", "dtype": "<f4", "data": <d*4 raw bytes>}}
 
-Tensors travel as their raw little-endian bytes plus dtype and shape; nothing is
-ever pickled. On receipt, :func:`unpack_envelope` checks the structure, the
-protocol version, the codec name, the sender id and the round number, and
-:func:`decode_tensor` views the received bytes with :func:`torch.frombuffer`
-(no copy beyond the one msgpack makes when it hands back ``bytes``), then checks
-dtype, shape and finiteness against the local model *before* anything touches it.
-Each violation raises a typed :class:`~peer.errors.ProtocolError` that the server
-answers with a 4xx and a JSON body.
+The payload is exactly a ``gossip.compression`` codec's map, for every codec (``none``
+included): one payload format per codec and one dtype vocabulary
+(:data:`gossip.compression.WIRE_DTYPES`), shared with the simulator, which charges a message
+:func:`gossip.compression.envelope_bytes`, the ``len`` of what :func:`pack_envelope` builds.
+Nothing is ever pickled. On receipt, :func:`unpack_envelope` checks the structure, the
+protocol version, the codec name, the sender id and the round number; the codec
+(:mod:`peer.codecs`) then validates the payload against the local model *before* anything
+touches it. Each violation raises a typed :class:`~peer.errors.ProtocolError` that the
+server answers with a 4xx and a JSON body.
 
 Example::
 
     >>> import torch
+    >>> from peer.codecs import DenseCodec
     >>> spec = ModelSpec(numel=3, dtype=torch.float32)
     >>> body = pack_envelope(Envelope(sender="a", round=0, codec="none",
-    ...                               payload={"tensor": encode_tensor(torch.ones(3))}))
+    ...                               payload=DenseCodec().encode(torch.ones(3))))
     >>> env = unpack_envelope(body, max_bytes=max_body_bytes(spec.num_bytes), codecs={"none"})
-    >>> decode_tensor(env.payload["tensor"], field="payload.tensor", shape=(3,), dtype=spec.dtype)
+    >>> DenseCodec().decode(env.payload, spec)
     tensor([1., 1., 1.])
 """
 
@@ -29,8 +31,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,20 +38,23 @@ from typing import Any
 import msgpack
 import torch
 
+from gossip.compression import (
+    ENVELOPE_KEYS,
+    PROTOCOL_VERSION,
+    WIRE_DTYPE_NAMES,
+    envelope_fields,
+)
 from peer.errors import (
     BodyTooLarge,
-    DTypeMismatch,
     InvalidRound,
     InvalidSender,
     MalformedBody,
-    NonFiniteValues,
-    ShapeMismatch,
     UnknownCodec,
     UnsupportedVersion,
 )
 
-PROTOCOL_VERSION = 1
-"""The envelope version this peer writes; :data:`SUPPORTED_VERSIONS` lists what it reads."""
+# PROTOCOL_VERSION (imported above, gossip.compression's) is the envelope version this
+# peer writes; SUPPORTED_VERSIONS lists what it reads.
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
 
 MAX_ROUND = 2**53
@@ -63,30 +66,15 @@ SENDER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 HEADER_ROOM = 64 * 1024
 """Bytes allowed on top of the tensor bytes for the envelope, metadata and views."""
 
-DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-"""Wire dtype names (always little-endian) and the torch dtype each decodes to."""
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-
-_MAX_DIMS = 8
-
 
 @dataclass(frozen=True)
 class ModelSpec:
     """What a peer's flat parameter buffer looks like: element count and dtype.
 
-    The receiving side validates every tensor against it, and the body-size caps
-    are derived from :attr:`num_bytes`.
+    The receiving side validates every payload against it (a message of another length,
+    push-sum's ``d + 1`` say, is decoded against a spec of that length), and the body-size
+    caps are derived from :attr:`num_bytes`. The dtype is one the wire carries
+    (:data:`gossip.compression.WIRE_DTYPES`: float64, float32, float16, bfloat16).
     """
 
     numel: int
@@ -95,8 +83,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if isinstance(self.numel, bool) or not isinstance(self.numel, int) or self.numel < 1:
             raise ValueError(f"ModelSpec.numel must be a positive int, got {self.numel!r}")
-        if self.dtype not in DTYPE_NAMES or not self.dtype.is_floating_point:
-            allowed = [k for k, v in DTYPES.items() if v.is_floating_point]
+        if self.dtype not in WIRE_DTYPE_NAMES:
+            allowed = [str(dtype).removeprefix("torch.") for dtype in WIRE_DTYPE_NAMES]
             raise ValueError(f"ModelSpec.dtype must be one of {allowed}, got {self.dtype}")
 
     @property
@@ -133,8 +121,9 @@ def max_body_bytes(model_bytes: int, *, factor: float = 2.0) -> int:
 class Envelope:
     """One protocol message: who sends, at which round and step, in which codec, what.
 
-    ``payload`` is a msgpack-ready map whose layout the codec defines; for the
-    dense codec it is ``{"tensor": encode_tensor(flat)}``.
+    ``payload`` is a msgpack-ready map whose layout the codec defines: a
+    ``gossip.compression`` payload, ``{"codec": "none", "dtype": "<f4", "data": ...}`` for
+    the lossless codec.
     """
 
     sender: str
@@ -164,98 +153,6 @@ def check_round(value: object, *, field_name: str = "round") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_ROUND:
         raise InvalidRound(f"{field_name} must be an integer in [0, 2**53), got {value!r:.40}")
     return value
-
-
-def _swap_byte_order(t: torch.Tensor) -> torch.Tensor:
-    """Reverse the bytes of every element (little <-> big endian), vectorized."""
-    size = t.element_size()
-    if size == 1:
-        return t
-    raw = t.contiguous().reshape(-1).view(torch.uint8).reshape(-1, size).flip(1)
-    return raw.contiguous().view(t.dtype).reshape(t.shape)
-
-
-def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
-    """A tensor as ``{"dtype", "shape", "data"}`` with ``data`` its raw little-endian bytes.
-
-    On a little-endian host ``data`` is a memoryview of the (contiguous, CPU)
-    tensor's own storage, so msgpack copies the bytes exactly once, into the body.
-    """
-    if t.dtype not in DTYPE_NAMES:
-        raise DTypeMismatch(f"cannot encode dtype {t.dtype}; wire dtypes are {sorted(DTYPES)}")
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    if sys.byteorder != "little":
-        flat = _swap_byte_order(flat)
-    data: memoryview | bytes = flat.view(torch.uint8).numpy().data if flat.numel() else b""
-    return {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data": data}
-
-
-def decode_tensor(
-    obj: object,
-    *,
-    field: str,
-    shape: tuple[int, ...] | None = None,
-    dtype: torch.dtype | Collection[torch.dtype] | None = None,
-    finite: bool = True,
-) -> torch.Tensor:
-    """View an encoded tensor's bytes as a read-only tensor, after checking everything.
-
-    Checks, in order: the map's keys, ``dtype`` is a wire dtype (and the expected
-    one, if given), ``shape`` is a list of at most 8 non-negative ints (and the
-    expected one, if given), the byte count is ``prod(shape) * itemsize``, and,
-    with ``finite``, that no float value is NaN or infinite. ``field`` names the
-    tensor in error messages. The result shares memory with the received bytes:
-    never write into it.
-    """
-    if not isinstance(obj, dict) or set(obj) != {"dtype", "shape", "data"}:
-        raise MalformedBody(f"{field} must be a map with keys dtype, shape, data")
-    name, got_shape, data = obj["dtype"], obj["shape"], obj["data"]
-    if not isinstance(name, str) or name not in DTYPES:
-        raise DTypeMismatch(f"{field}.dtype must be one of {sorted(DTYPES)}, got {name!r:.40}")
-    got_dtype = DTYPES[name]
-    if dtype is not None:
-        allowed = {dtype} if isinstance(dtype, torch.dtype) else set(dtype)
-        if got_dtype not in allowed:
-            names = sorted(DTYPE_NAMES[d] for d in allowed)
-            raise DTypeMismatch(f"{field}.dtype must be {' or '.join(names)}, got {name}")
-    if (
-        not isinstance(got_shape, list)
-        or len(got_shape) > _MAX_DIMS
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in got_shape)
-    ):
-        raise ShapeMismatch(f"{field}.shape must be a list of at most 8 non-negative ints")
-    if shape is not None and tuple(got_shape) != tuple(shape):
-        raise ShapeMismatch(f"{field}.shape must be {list(shape)}, got {got_shape}")
-    if not isinstance(data, bytes):
-        raise MalformedBody(f"{field}.data must be msgpack bin (raw bytes)")
-    numel = math.prod(got_shape)
-    itemsize = torch.empty((), dtype=got_dtype).element_size()
-    if len(data) != numel * itemsize:
-        raise ShapeMismatch(
-            f"{field}.data has {len(data)} bytes, shape {got_shape} of {name} needs {numel * itemsize}"
-        )
-    if numel == 0:
-        return torch.empty(got_shape, dtype=got_dtype)
-    with warnings.catch_warnings():
-        # The bytes are immutable; the tensor is read-only by contract (never written).
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.frombuffer(data, dtype=got_dtype).reshape(got_shape)
-    if sys.byteorder != "little":
-        tensor = _swap_byte_order(tensor)
-    if finite and got_dtype.is_floating_point and not all_finite(tensor):
-        raise NonFiniteValues(f"{field} carries NaN or infinite values")
-    return tensor
-
-
-def all_finite(tensor: torch.Tensor) -> bool:
-    """No NaN and no infinity, in one reduction pass without a [d] bool temporary.
-
-    NaN propagates through min/max, and an infinity is the min or the max.
-    """
-    if tensor.numel() == 0:
-        return True
-    low, high = torch.aminmax(tensor.reshape(-1))
-    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
 
 
 def _refuse_ext(code: int, data: bytes) -> object:
@@ -317,20 +214,21 @@ def _detach_tail(obj: dict[str, Any]) -> tuple[dict[str, Any], memoryview | byte
 def pack_envelope(envelope: Envelope) -> bytes:
     """The msgpack body of an envelope.
 
-    The big tensor bytes are the body's last item (``data`` is the last key of the
-    last map), so they are spliced in with one ``bytes.join`` copy rather than
-    grown into msgpack's buffer: the same bytes as ``msgpack.packb`` up to the
-    width of that one bin header.
+    The big tensor bytes are the body's last item (the payload's last field), so
+    they are spliced in with one ``bytes.join`` copy rather than grown into
+    msgpack's buffer: exactly the bytes of ``msgpack.packb`` (the bin header is
+    msgpack's own, the narrowest that fits), so ``len`` of the result is
+    :func:`gossip.compression.envelope_bytes` of the payload's packed size.
     """
     obj, tail = _detach_tail(
-        {
-            "v": envelope.version,
-            "sender": envelope.sender,
-            "round": envelope.round,
-            "step": envelope.step,
-            "codec": envelope.codec,
-            "payload": dict(envelope.payload),
-        }
+        envelope_fields(
+            version=envelope.version,
+            sender=envelope.sender,
+            round=envelope.round,
+            step=envelope.step,
+            codec=envelope.codec,
+            payload=dict(envelope.payload),
+        )
     )
     head = pack(obj)
     if tail is None:
@@ -341,7 +239,7 @@ def pack_envelope(envelope: Envelope) -> bytes:
     return b"".join((head[:-2], _bin_header(tail_bytes), tail))
 
 
-_ENVELOPE_KEYS = frozenset({"v", "sender", "round", "step", "codec", "payload"})
+_ENVELOPE_KEYS = frozenset(ENVELOPE_KEYS)
 
 
 def unpack_envelope(body: bytes, *, max_bytes: int, codecs: Collection[str]) -> Envelope:

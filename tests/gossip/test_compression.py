@@ -366,13 +366,58 @@ def test_bytes_in_either_byte_order_decode_to_native_values(order: str, dtype: s
     """The wire's explicit byte order is honoured whatever the host's (swapped when foreign)."""
     import numpy as np
 
-    from gossip.compression import _view_bytes
+    from gossip.compression.wire_dtypes import view_bytes
 
     values = np.arange(-5, 6).astype(dtype)
     data = values.astype(order + dtype).tobytes()
-    viewed = _view_bytes(data, np.dtype(order + dtype))
+    viewed = view_bytes(data, np.dtype(order + dtype))
     assert viewed.numpy().dtype.isnative
     np.testing.assert_array_equal(viewed.numpy(), values)
+
+
+def test_none_sends_without_a_copy_and_decodes_the_same_before_msgpack() -> None:
+    """A contiguous CPU vector's bytes are viewed, not copied, until msgpack packs them; the
+    sender's payload (memoryviews) decodes exactly as the received one (bytes)."""
+    import numpy as np
+
+    x = torch.randn(1000)
+    payload = NoCompression().encode(x)
+    assert isinstance(payload["data"], memoryview)
+    assert np.frombuffer(payload["data"], dtype=np.uint8).ctypes.data == x.data_ptr()
+    assert bytes(payload["data"]) == x.numpy().astype("<f4").tobytes()
+    for spec in SPECS:
+        sent = build_compressor(spec).encode(x, torch.Generator().manual_seed(1))
+        assert torch.equal(decode(sent, 1000), decode(wire(sent), 1000)), spec
+    strided = torch.randn(2000)[::2]  # not contiguous: converted once, still exact
+    assert torch.equal(decode(wire(NoCompression().encode(strided)), 1000), strided)
+
+
+def test_only_contiguous_byte_views_pass_as_bytes() -> None:
+    payload = good("fp16", 4)
+    as_words = memoryview(payload["data"]).cast("H")  # 4 items of 2 bytes: not a byte field
+    with pytest.raises(PayloadError, match="'data' must be bytes") as caught:
+        decode(payload | {"data": as_words}, 4)
+    assert caught.value.kind == "field"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_wire_bytes_of_none_follows_the_dtype(dtype: torch.dtype) -> None:
+    x = torch.randn(3, 500).to(dtype)
+    codec = NoCompression()
+    assert codec.compress(x).wire_bytes == len(msgpack.packb(codec.encode(x[0])))
+    assert codec.wire_bytes(500, dtype) == len(msgpack.packb(codec.encode(x[0])))
+    assert build_compressor("fp16").compress(x).wire_bytes == build_compressor("fp16").wire_bytes(
+        500
+    )
+
+
+def test_the_wire_has_one_dtype_vocabulary() -> None:
+    from gossip.compression import WIRE_DTYPE_NAMES, WIRE_DTYPES
+
+    assert list(WIRE_DTYPES) == ["<f8", "<f4", "<f2", "bf16"]
+    assert {WIRE_DTYPE_NAMES[dtype] for dtype in WIRE_DTYPES.values()} == set(WIRE_DTYPES)
+    for dtype, name in WIRE_DTYPE_NAMES.items():
+        assert NoCompression().encode(torch.zeros(2, dtype=dtype))["dtype"] == name
 
 
 # ----------------------------------------------------------------------------- registry

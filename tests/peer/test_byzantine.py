@@ -10,6 +10,7 @@ import torch
 
 from peer import wire
 from peer.client import PeerClient
+from peer.codecs import DenseCodec
 from peer.node import Peer
 
 from .conftest import SECRET, started_peer
@@ -22,7 +23,7 @@ async def attack(client: PeerClient, peers: list[Peer], round_: int) -> None:
         sender="z-byzantine",
         round=round_,
         codec="none",
-        payload={"tensor": wire.encode_tensor(huge)},
+        payload=DenseCodec().encode(huge),
     )
     await asyncio.gather(
         *(client.exchange(p.address, envelope, codecs={"none"}) for p in peers)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from peer import auth, wire
 from peer.client import PeerClient
+from peer.codecs import DenseCodec
 from peer.errors import BodyTooLarge, Unauthorized
 
 from .conftest import SECRET
@@ -19,7 +20,7 @@ REPLY = wire.pack_envelope(
         sender="impostor",
         round=0,
         codec="none",
-        payload={"tensor": wire.encode_tensor(torch.ones(3))},
+        payload=DenseCodec().encode(torch.ones(3)),
     )
 )
 
@@ -39,7 +40,7 @@ async def serve(handler: web.Handler) -> AsyncIterator[str]:
 
 def envelope() -> wire.Envelope:
     return wire.Envelope(
-        sender="me", round=0, codec="none", payload={"tensor": wire.encode_tensor(torch.zeros(3))}
+        sender="me", round=0, codec="none", payload=DenseCodec().encode(torch.zeros(3))
     )
 
 

@@ -61,13 +61,33 @@ BY_KIND: dict[str, tuple[Corrupt, type[ProtocolError], int, str]] = {
         422,
         "non_finite",
     ),
+    "index": (  # an index past d: a sparsifier's payload is accepted, then refused
+        lambda d: payload("topk:ratio=0.1", d, index=d.to_bytes(4, "little") * math.ceil(d / 10)),
+        MalformedBody,
+        400,
+        "malformed_body",
+    ),
+}
+
+# the lossless codec's own refusals (gossip's NoCompression payload, the model's dtype)
+NONE_CASES: dict[str, tuple[Corrupt, int, str]] = {
+    "another dtype": (
+        lambda d: payload("none", d) | {"dtype": "<f8", "data": bytes(8 * d)},
+        422,
+        "dtype_mismatch",
+    ),
+    "unknown dtype": (lambda d: payload("none", d) | {"dtype": "float32"}, 422, "dtype_mismatch"),
+    "short": (lambda d: payload("none", d) | {"data": bytes(4 * d - 4)}, 422, "shape_mismatch"),
+    "nan": (lambda d: payload("none", d) | {"data": b"\x00\x00\xc0\x7f" * d}, 422, "non_finite"),
+    "extra field": (lambda d: payload("none", d) | {"shape": [d]}, 400, "malformed_body"),
+    "legacy tensor map": (lambda d: {"tensor": payload("none", d)}, 400, "malformed_body"),
 }
 
 
 def test_every_payload_error_kind_has_one_protocol_error() -> None:
     assert set(codecs.PAYLOAD_ERRORS) == set(PAYLOAD_ERROR_KINDS)
     assert codecs.PAYLOAD_ERRORS["codec"] is UnknownCodec
-    assert codecs.PAYLOAD_ERRORS["index"] is MalformedBody
+    assert set(BY_KIND) == set(PAYLOAD_ERROR_KINDS) - {"codec"}
     for kind, (_, error, status, code) in BY_KIND.items():
         assert codecs.PAYLOAD_ERRORS[kind] is error  # type: ignore[index]
         assert (error.status, error.code) == (status, code)
@@ -111,3 +131,101 @@ async def test_a_running_peer_answers_each_kind_with_its_status_and_code(kind: s
         error = json.loads(answer)
         assert error["error"] == code and error["detail"].startswith("payload: ")
         assert model_bytes(peer) == before
+
+
+@pytest.mark.parametrize("case", list(NONE_CASES))
+async def test_a_running_peer_refuses_bad_none_payloads_untouched(case: str) -> None:
+    corrupt, status, code = NONE_CASES[case]
+    async with started_peer("callee", seed=1) as peer:
+        body = corrupt(peer.spec.numel)
+        envelope = {"v": 1, "sender": "caller", "round": 0, "step": 0, "codec": "none"}
+        raw = msgpack.packb(envelope | {"payload": body}, use_bin_type=True)
+        before = model_bytes(peer)
+        headers = auth.sign_request(SECRET, "POST", "/v1/exchange", raw)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://{peer.address}/v1/exchange", data=raw, headers=headers) as reply,
+        ):
+            got_status, answer = reply.status, await reply.read()
+        assert got_status == status, answer
+        assert json.loads(answer)["error"] == code
+        assert model_bytes(peer) == before
+
+
+def test_dense_codec_is_gossips_none_and_decodes_a_view() -> None:
+    x = torch.randn(300)
+    sent = codecs.DenseCodec().encode(x)
+    assert sent == build_compressor("none").encode(x)
+    received = msgpack.unpackb(msgpack.packb(sent))
+    decoded = codecs.receiving_codecs()["none"].decode(received, wire.ModelSpec(numel=300))
+    assert torch.equal(decoded, x)
+    assert decoded.untyped_storage().data_ptr() == _address(received["data"])
+    bf16 = wire.ModelSpec(numel=300, dtype=torch.bfloat16)
+    decoded = codecs.DenseCodec().decode(
+        msgpack.unpackb(msgpack.packb(codecs.DenseCodec().encode(x.bfloat16()))), bf16
+    )
+    assert decoded.dtype == torch.bfloat16 and torch.equal(decoded, x.bfloat16())
+
+
+def _address(data: bytes) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
+
+
+# --------------------------------------------------------------------------- per-link encoders
+
+
+def test_link_encoders_keep_one_residual_per_link() -> None:
+    """Error feedback per link: on each link, what was sent plus what is kept equals what
+    was fed in; links never mix (Stich et al. 2018's invariant, per link)."""
+    encoders = codecs.LinkEncoders("topk:ratio=0.05,feedback=true", seed=0)
+    assert encoders.name == "topk"
+    generator = torch.Generator().manual_seed(0)
+    fed = {
+        "peer-1": torch.zeros(200, dtype=torch.float64),
+        "peer-2": torch.zeros(200, dtype=torch.float64),
+    }
+    sent = {link: torch.zeros(200, dtype=torch.float64) for link in fed}
+    for _ in range(10):
+        for link in fed:
+            x = torch.randn(200, generator=generator, dtype=torch.float64)
+            payload, decoded = encoders.encode(link, x)
+            received = codecs.receiving_codecs()["topk"].decode(
+                msgpack.unpackb(msgpack.packb(payload)),
+                wire.ModelSpec(numel=200, dtype=torch.float64),
+            )
+            assert torch.equal(received, decoded)  # what the sender believes it sent
+            fed[link] += x
+            sent[link] += decoded
+    assert encoders.links == ("peer-1", "peer-2")
+    for link in fed:
+        compressor, _ = encoders._links[link]
+        assert compressor.residual is not None
+        torch.testing.assert_close(sent[link] + compressor.residual, fed[link], atol=1e-5, rtol=0)
+        assert float(compressor.residual.norm()) > 0.1  # something was really held back
+
+
+def test_link_encoders_are_seeded_per_link_and_forget() -> None:
+    x = torch.randn(500)
+    first = codecs.LinkEncoders("randk:ratio=0.1", seed=4)
+    again = codecs.LinkEncoders("randk:ratio=0.1", seed=4)
+    assert first.encode("peer-1", x)[0] == again.encode("peer-1", x)[0]
+    assert first.encode("peer-2", x)[0] != again.encode("peer-1", x)[0]  # links draw apart
+    assert first.encode("peer-1", x)[0] != first.encode("peer-1", x)[0]  # the stream moves on
+    feedback = codecs.LinkEncoders("topk:ratio=0.1,feedback=true", seed=0)
+    fresh = feedback.encode("peer-1", x)
+    feedback.encode("peer-1", x)
+    feedback.forget("peer-1")
+    feedback.forget("never-seen")
+    assert feedback.links == ()
+    assert feedback.encode("peer-1", x)[0] == fresh[0]  # residual forgotten
+
+
+def test_link_encoders_validate_spec_and_link() -> None:
+    with pytest.raises(ValueError, match="codec: unknown compressor"):
+        codecs.LinkEncoders("zstd", seed=0)
+    with pytest.raises(ValueError, match="link must be a non-empty peer id"):
+        codecs.LinkEncoders("none", seed=0).encode("", torch.zeros(3))
+    payload, decoded = codecs.LinkEncoders("none", seed=0).encode("peer-1", torch.ones(3))
+    assert payload["codec"] == "none" and torch.equal(decoded, torch.ones(3))

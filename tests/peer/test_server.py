@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from peer import auth, wire
+from peer.codecs import DenseCodec
 from peer.node import Peer
 
 from .conftest import SECRET, model_bytes, started_peer
@@ -31,7 +32,7 @@ def envelope_body(vector: torch.Tensor, **overrides: object) -> bytes:
         "round": 0,
         "step": 0,
         "codec": "none",
-        "payload": {"tensor": wire.encode_tensor(vector)},
+        "payload": DenseCodec().encode(vector),
     }
     obj.update(overrides)
     return msgpack.packb(obj, use_bin_type=True)
@@ -174,7 +175,7 @@ async def test_valid_exchange_averages_and_answers_the_average(peer: Peer) -> No
     assert status == 200
     reply = wire.unpack_envelope(data, max_bytes=peer.max_body_bytes, codecs={"none"})
     assert reply.sender == "callee"
-    got = wire.decode_tensor(reply.payload["tensor"], field="t", shape=(peer.spec.numel,))
+    got = DenseCodec().decode(reply.payload, peer.spec)
     torch.testing.assert_close(got, (own + other) / 2)
     torch.testing.assert_close(peer.flat.vector, (own + other) / 2)
     assert "caller" in peer.membership
@@ -200,7 +201,7 @@ async def test_open_endpoints_and_signed_reads(peer: Peer) -> None:
     status_code, data, _headers = await post(peer, b"", path="/v1/state", method="GET")
     assert status_code == 200
     env = wire.unpack_envelope(data, max_bytes=peer.max_body_bytes, codecs={"none"})
-    state = wire.decode_tensor(env.payload["tensor"], field="t", shape=(peer.spec.numel,))
+    state = DenseCodec().decode(env.payload, peer.spec)
     assert torch.equal(state, peer.flat.vector)
     status_code, data, _ = await post(peer, b"", path="/v1/nowhere", method="GET")
     assert status_code == 404 and json.loads(data)["error"] == "not_found"

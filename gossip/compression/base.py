@@ -1,0 +1,168 @@
+"""The codec contract every compressor implements: one batched path, one wire path, one size.
+
+A :class:`Compressor` maps a flat float vector ``x [d]`` to a payload and back to a decoded
+vector ``C(x) [d]``. Subclasses define the payload's fields twice over the same tensors
+(``_encode_fields`` / ``_decode_fields`` over a leading batch, ``_serialize`` / ``_parse``
+between unbatched fields and the msgpack-ready map), and the base class builds both paths
+from them, so for the same generator state row ``i`` of :meth:`Compressor.compress`
+decodes to exactly what :meth:`Compressor.encode` sends for ``x[i]``, on any machine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+import torch
+from torch import Tensor
+
+from gossip.compression.errors import PayloadError
+
+__all__ = ["Compressed", "Compressor", "Payload"]
+
+Payload = dict[str, str | int | bytes | memoryview]
+"""A msgpack-ready payload: its ``codec`` and the codec's fields. Byte fields a sender builds
+may be ``memoryview`` s of the encoded tensor (no copy); a receiver always holds ``bytes``."""
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """Result of the batched path: decoded ``values [*, d]`` and bytes per row on the wire."""
+
+    values: Tensor
+    wire_bytes: int
+
+
+def uniform(like: Tensor, generator: torch.Generator | None) -> Tensor:
+    """U[0, 1) float32 noise shaped like ``like``, on its device, drawn from ``generator``
+    where that generator lives (a seeded CPU generator gives the same draws for a CUDA
+    tensor as for a CPU one)."""
+    source = like.device if generator is None else generator.device
+    noise = torch.rand(like.shape, generator=generator, dtype=torch.float32, device=source)
+    return noise.to(like.device)
+
+
+def check_input(x: Tensor, *, batched: bool) -> None:
+    """``x`` must be a floating-point ``[*, d]`` (batched) or ``[d]`` (wire) tensor."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError("x must be a floating-point tensor")
+    if batched and x.dim() < 1:
+        raise ValueError(f"x must have shape [*, d], got {tuple(x.shape)}")
+    if not batched and x.dim() != 1:
+        raise ValueError(f"x must have shape [d] on the wire path, got {tuple(x.shape)}")
+
+
+class Compressor(ABC):
+    """A codec for flat vectors (see :mod:`gossip.compression` for the two paths and the size).
+
+    Subclasses define ``codec`` (the name on the wire), the payload's fields
+    (``_encode_fields`` / ``_decode_fields`` over batched tensors) and their wire form
+    (``_serialize`` / ``_parse``).
+    """
+
+    codec: ClassVar[str]
+    lossless: ClassVar[bool] = False
+    _fields: ClassVar[frozenset[str]]
+
+    def __init__(self) -> None:
+        self._wire_bytes: dict[tuple[int, torch.dtype], int] = {}
+
+    @property
+    @abstractmethod
+    def spec(self) -> str:
+        """The spec string that :func:`build_compressor` turns back into this compressor."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    # -- the two halves shared by both paths --------------------------------------------
+    @abstractmethod
+    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+        """``x [*, d]`` -> field tensors with the same leading batch."""
+
+    @abstractmethod
+    def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:
+        """Field tensors ``[*, ...]`` -> decoded values ``[*, d]``."""
+
+    @abstractmethod
+    def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
+        """Unbatched field tensors -> msgpack-ready payload (without the codec field)."""
+
+    @abstractmethod
+    def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
+        """Validated payload -> unbatched field tensors; raises PayloadError on bad input."""
+
+    # -- batched path ----------------------------------------------------------------
+    def compress(self, x: Tensor, generator: torch.Generator | None = None) -> Compressed:
+        """Batched path: ``x [*, d] -> Compressed(values [*, d] in x.dtype, wire_bytes per row)``."""
+        check_input(x, batched=True)
+        d = x.shape[-1]
+        values = self._decode_fields(self._encode_fields(x, generator), d)
+        return Compressed(values.to(x.dtype), self.wire_bytes(d, x.dtype))
+
+    # -- wire path -------------------------------------------------------------------
+    def encode(self, x: Tensor, generator: torch.Generator | None = None) -> Payload:
+        """Wire path: ``x [d] -> payload`` (``str -> str | int | bytes``, raw little-endian).
+
+        A byte field may view ``x``'s own memory (the ``none`` codec of a contiguous CPU
+        tensor): serialize the payload before writing into ``x``.
+        """
+        return self.encode_and_decode(x, generator)[0]
+
+    def encode_and_decode(
+        self, x: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Payload, Tensor]:
+        """Wire path for a sender that also needs what receivers will decode (CHOCO's x̂)."""
+        check_input(x, batched=False)
+        d = x.shape[0]
+        fields = self._encode_fields(x, generator)
+        payload: Payload = {"codec": self.codec}
+        payload.update(self._serialize(fields, d))
+        return payload, self._decode_fields(fields, d)
+
+    def decode(self, payload: Mapping[str, Any], d: int) -> Tensor:
+        """Validate ``payload`` and decode it to ``[d]``.
+
+        Raises :class:`PayloadError` (its ``kind`` says which check failed, its message names
+        the field) for anything wrong with the payload, and a plain ``ValueError`` for a bad
+        ``d`` (the caller's mistake, not the sender's). The ``none`` codec's result views the
+        payload's bytes: read-only, clone it before writing into it.
+        """
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError(f"d must be a positive int, got {d!r}")
+        if not isinstance(payload, Mapping):
+            raise PayloadError("field", f"payload must be a map, got {type(payload).__name__}")
+        codec = payload.get("codec")
+        if codec != self.codec:
+            raise PayloadError(
+                "codec",
+                f"payload field 'codec' {codec!r:.40} does not match this codec {self.codec!r}",
+                field="codec",
+            )
+        keys = set(payload)
+        expected = self._fields | {"codec"}
+        if keys != expected:
+            raise PayloadError(
+                "field",
+                f"payload fields for codec {self.codec!r} must be exactly {sorted(expected)}, "
+                f"got {sorted(str(key)[:40] for key in keys)[:16]}",
+            )
+        return self._decode_fields(self._parse(payload, d), d)
+
+    def wire_bytes(self, d: int, dtype: torch.dtype = torch.float32) -> int:
+        """Exact ``len(msgpack.packb(self.encode(x)))`` for any ``x`` of length ``d`` and
+        ``dtype`` (only the ``none`` codec's size depends on the dtype)."""
+        key = (d, dtype)
+        if key not in self._wire_bytes:
+            probe = torch.zeros(d, dtype=dtype, device="cpu")  # a size probe, once per key
+            fields = self._encode_fields(probe, torch.Generator().manual_seed(0))
+            payload: Payload = {"codec": self.codec}
+            payload.update(self._serialize(fields, d))
+            self._wire_bytes[key] = len(msgpack.packb(payload))
+        return self._wire_bytes[key]
+
+    def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to forget
+        """Forget per-node state (only :class:`ErrorFeedback` has any)."""

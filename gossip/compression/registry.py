@@ -1,0 +1,166 @@
+"""The one codec table: spec strings -> compressors, and payloads -> their decoder.
+
+Both runners build codecs here (the simulator through ``gossip.build_algorithm``, a peer
+through ``peer.codecs``), and a receiver decodes whatever arrives with :func:`decode`,
+which reads the codec and its parameters from the payload itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from gossip.compression.base import Compressor
+from gossip.compression.dense import BFloat16, Float16, NoCompression
+from gossip.compression.errors import PayloadError
+from gossip.compression.feedback import ErrorFeedback
+from gossip.compression.quantization import StochasticQuantization
+from gossip.compression.sparse import RandomK, TopK
+from gossip.compression.wire_dtypes import read_field
+
+__all__ = ["COMPRESSORS", "CompressorInfo", "build_compressor", "decode", "describe_compressors"]
+
+
+@dataclass(frozen=True)
+class CompressorInfo:
+    """A registry entry: how to build one codec from a spec string."""
+
+    name: str
+    factory: Callable[..., Compressor]
+    parameters: dict[str, tuple[type, Any, str]]  # name -> (type, default, doc)
+    doc: str
+
+
+_FEEDBACK = (bool, False, "wrap in error feedback (sender keeps what was not sent)")
+
+COMPRESSORS: dict[str, CompressorInfo] = {
+    info.name: info
+    for info in [
+        CompressorInfo("none", NoCompression, {}, "lossless, dtype preserved"),
+        CompressorInfo("fp16", Float16, {"feedback": _FEEDBACK}, "float16, 2 bytes/coordinate"),
+        CompressorInfo("bf16", BFloat16, {"feedback": _FEEDBACK}, "bfloat16, 2 bytes/coordinate"),
+        CompressorInfo(
+            "qsgd",
+            StochasticQuantization,
+            {
+                "bits": (int, 8, "bits per coordinate: 2, 4 or 8"),
+                "block": (int, 256, "coordinates per float32 scale"),
+                "feedback": _FEEDBACK,
+            },
+            "unbiased stochastic quantization with per-block scale (Alistarh et al. 2017)",
+        ),
+        CompressorInfo(
+            "topk",
+            TopK,
+            {
+                "ratio": (float, 0.01, "fraction of coordinates kept, in (0, 1]"),
+                "feedback": _FEEDBACK,
+            },
+            "k largest-magnitude coordinates (biased)",
+        ),
+        CompressorInfo(
+            "randk",
+            RandomK,
+            {
+                "ratio": (float, 0.01, "fraction of coordinates kept, in (0, 1]"),
+                "feedback": _FEEDBACK,
+            },
+            "k uniformly random coordinates, unscaled (biased)",
+        ),
+    ]
+}
+"""Every codec, by its name on the wire (the envelope's and the payload's ``codec``)."""
+
+
+def _convert(name: str, key: str, kind: type, text: str) -> Any:
+    try:
+        if kind is bool:
+            lowered = text.lower()
+            if lowered not in {"true", "false", "1", "0", "yes", "no"}:
+                raise ValueError
+            return lowered in {"true", "1", "yes"}
+        return kind(text)
+    except ValueError:
+        raise ValueError(
+            f"compressor {name!r} parameter {key!r} must be {kind.__name__}, got {text!r}"
+        ) from None
+
+
+def build_compressor(spec: str) -> Compressor:
+    """Build a compressor from ``name[:key=value,...]``, e.g. ``"topk:ratio=0.01,feedback=true"``.
+
+    Unknown names or parameters raise ``ValueError`` listing the choices.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"compressor spec must be a non-empty string, got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    if name not in COMPRESSORS:
+        raise ValueError(f"unknown compressor {name!r}; choose one of {sorted(COMPRESSORS)}")
+    info = COMPRESSORS[name]
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"compressor parameter {item!r} must look like key=value")
+        if key not in info.parameters:
+            raise ValueError(
+                f"compressor {name!r} has no parameter {key!r}; "
+                f"choose from {sorted(info.parameters) or 'none'}"
+            )
+        kwargs[key] = _convert(name, key, info.parameters[key][0], text.strip())
+    feedback = kwargs.pop("feedback", False)
+    compressor = info.factory(**kwargs)
+    return ErrorFeedback(compressor) if feedback else compressor
+
+
+def describe_compressors() -> str:
+    """One line per codec with its parameters and defaults, for ``--compress`` help texts."""
+    lines = []
+    for info in COMPRESSORS.values():
+        params = ",".join(
+            f"{key}={str(default).lower() if isinstance(default, bool) else default}"
+            for key, (_, default, _) in info.parameters.items()
+        )
+        spec = f"{info.name}:{params}" if params else info.name
+        lines.append(f"{spec:<38} {info.doc}")
+    return "\n".join(lines)
+
+
+def _decoder(payload: Mapping[str, Any]) -> Compressor:
+    """The compressor that decodes ``payload``: its codec, with the parameters it carries."""
+    codec = payload.get("codec")
+    if not isinstance(codec, str) or codec not in COMPRESSORS:
+        raise PayloadError(
+            "codec",
+            f"payload field 'codec' {codec!r:.40} is unknown; expected one of {sorted(COMPRESSORS)}",
+            field="codec",
+        )
+    if codec != "qsgd":  # the sparsifiers' k travels in the payload; none/fp16/bf16 have none
+        return COMPRESSORS[codec].factory()
+    bits = read_field(payload, "bits", int)
+    block = read_field(payload, "block", int)
+    if bits not in StochasticQuantization.BITS:
+        raise PayloadError(
+            "parameter",
+            f"payload field 'bits' must be one of {StochasticQuantization.BITS}, got {bits}",
+            field="bits",
+        )
+    if block < 1:
+        raise PayloadError(
+            "parameter", f"payload field 'block' must be >= 1, got {block}", field="block"
+        )
+    return StochasticQuantization(bits, block)
+
+
+def decode(payload: Mapping[str, Any], d: int) -> Tensor:
+    """Decode any payload by its ``codec`` field (parameters travel in the payload).
+
+    Raises :class:`PayloadError` on a hostile payload, see :meth:`Compressor.decode`.
+    """
+    if not isinstance(payload, Mapping):
+        raise PayloadError("field", f"payload must be a map, got {type(payload).__name__}")
+    return _decoder(payload).decode(payload, d)
