@@ -26,10 +26,7 @@ from gossip.algorithms import (
     PushSum,
     PushSumState,
     RoundPlan,
-    ad_psgd,
-    average_pair,
     local_sgd,
-    pairwise_average,
     synchronous_exchange,
 )
 from gossip.compression import (
@@ -61,6 +58,7 @@ from gossip.configuration import (
     build_algorithm,
 )
 from gossip.flat import FlatParameters, LayoutEntry, ParameterLayout
+from gossip.pairwise import PairwiseGossip, ad_psgd, average_pair, pairwise_average
 
 __all__ = [
     "ALGORITHM_FIELDS",
@@ -88,6 +86,7 @@ __all__ = [
     "NeighbourTableLike",
     "NoCompression",
     "Order",
+    "PairwiseGossip",
     "ParameterLayout",
     "Payload",
     "PayloadError",

@@ -77,11 +77,8 @@ __all__ = [
     "PushSum",
     "PushSumState",
     "RoundPlan",
-    "ad_psgd",
-    "average_pair",
     "local_sgd",
     "neighbourhood_fits",
-    "pairwise_average",
     "synchronous_exchange",
 ]
 
@@ -137,6 +134,7 @@ class GossipAlgorithm(Protocol[StateT]):
     aggregator: Aggregator
 
     def init(self, x: Tensor) -> StateT: ...
+    def message_size(self, d: int) -> int: ...
     def model(self, state: StateT) -> Tensor: ...
     def message(self, state: StateT) -> Tensor: ...
     def combine(
@@ -148,6 +146,7 @@ class GossipAlgorithm(Protocol[StateT]):
         mask: Tensor | None = None,
         self_weight: Tensor | None = None,
     ) -> StateT: ...
+    def late(self, state: StateT, arrived: Tensor, missed: Tensor) -> StateT: ...
 
 
 def _check_model(x: Tensor) -> None:
@@ -249,6 +248,10 @@ class DecentralizedSGD:
         _check_model(x)
         return GossipState(x)
 
+    def message_size(self, d: int) -> int:
+        """A message is the model: ``m = d``."""
+        return d
+
     def model(self, state: GossipState) -> Tensor:
         return state.x
 
@@ -270,6 +273,11 @@ class DecentralizedSGD:
             state.x.copy_(mixed)
         return state
 
+    def late(self, state: GossipState, arrived: Tensor, missed: Tensor) -> GossipState:
+        """A model that missed its round is stale: its weight went to the self weight that
+        round, and it is dropped when it arrives (``state`` unchanged)."""
+        return state
+
     def reset(self) -> None:
         """Forget aggregator and error-feedback state."""
         if hasattr(self.aggregator, "reset"):
@@ -280,62 +288,6 @@ class DecentralizedSGD:
 def local_sgd(local_steps: int, **kwargs: object) -> DecentralizedSGD:
     """Decentralized local SGD: H optimizer steps, then one gossip average (ATC)."""
     return DecentralizedSGD(order="adapt-then-combine", local_steps=local_steps, **kwargs)  # type: ignore[arg-type]
-
-
-def ad_psgd(**kwargs: object) -> DecentralizedSGD:
-    """AD-PSGD (Lian et al., ICML 2018): gradient at x_i, average with one random neighbour
-    atomically (``x_i, x_j <- (x_i + x_j) / 2``), then apply the gradient: CTA over a matching.
-
-    Drive it with matchings (``topologies.RandomMatching`` tables, ``k = 1``, weight 1/2) or
-    :func:`pairwise_average`; a peer uses :func:`average_pair` for the atomic exchange.
-    """
-    return DecentralizedSGD(order="combine-then-adapt", **kwargs)  # type: ignore[arg-type]
-
-
-# ----------------------------------------------------------------------------- pairwise
-
-
-_HALF = 0.5
-
-
-def average_pair(own: Tensor, other: Tensor, aggregator: Aggregator | None = None) -> Tensor:
-    """Randomized pairwise gossip (Boyd et al., IEEE Trans. Inf. Theory 2006):
-    ``x_i, x_j <- (x_i + x_j) / 2``. Both peers adopt this one result, so the pair's sum is
-    kept (up to one rounding of ``x_i + x_j``).
-
-    The passive peer computes it atomically (under its model lock) and answers with it.
-    """
-    if own.shape != other.shape:
-        raise ValueError(f"own and other must have one shape, got {own.shape} and {other.shape}")
-    weights = own.new_full((*own.shape[:-1], 1), _HALF)
-    return _aggregator(aggregator)(own, other.unsqueeze(-2), weights)
-
-
-def pairwise_average(x: Tensor, pairs: Tensor, aggregator: Aggregator | None = None) -> Tensor:
-    """Average each pair of a matching at once, in place: ``x[a], x[b] <- (x[a] + x[b]) / 2``.
-
-    Args:
-        x: ``[n, d]`` all nodes.
-        pairs: ``[m, 2]`` int node indices; every node in at most one pair.
-    Returns ``x``.
-    """
-    if x.dim() != 2:
-        raise ValueError(f"x must have shape [n, d], got {tuple(x.shape)}")
-    if pairs.dim() != 2 or pairs.shape[-1] != 2 or pairs.is_floating_point():
-        raise ValueError(f"pairs must be an int tensor of shape [m, 2], got {tuple(pairs.shape)}")
-    pairs = pairs.to(torch.int64)
-    if pairs.numel():
-        flat = pairs.reshape(-1)
-        if int(flat.min()) < 0 or int(flat.max()) >= x.shape[0]:
-            raise ValueError(f"pairs must index nodes in [0, {x.shape[0]})")
-        if flat.unique().numel() != flat.numel():
-            raise ValueError("pairs must be disjoint (a matching): a node appears twice")
-    a, b = pairs[:, 0], pairs[:, 1]
-    averaged = average_pair(x[a], x[b], aggregator)
-    with torch.no_grad():
-        x[a] = averaged
-        x[b] = averaged
-    return x
 
 
 # ----------------------------------------------------------------------------- push-sum
@@ -390,6 +342,10 @@ class PushSum:
         with torch.no_grad():
             return PushSumState(x.detach().clone(), x.new_ones((*x.shape[:-1], 1)), x)
 
+    def message_size(self, d: int) -> int:
+        """A message is ``[x, w]``: ``m = d + 1``."""
+        return d + 1
+
     def model(self, state: PushSumState) -> Tensor:
         return state.z
 
@@ -435,6 +391,18 @@ class PushSum:
             torch.div(state.x, state.weight, out=state.z)
         return state
 
+    def late(self, state: PushSumState, arrived: Tensor, missed: Tensor) -> PushSumState:
+        """Mass that missed its round is added when it arrives: ``(x, w)_i += sum_j P_ij
+        (x, w)_j`` over the late messages (``arrived``, already weighted), so the total mass
+        is conserved; ``z = x / w`` stays a weighted average of the models."""
+        with torch.no_grad():
+            d = state.x.shape[-1]
+            arrived = arrived.to(state.x.dtype)
+            state.x.add_(arrived[..., :d])
+            state.weight.add_(arrived[..., d:])
+            torch.div(state.x, state.weight, out=state.z)
+        return state
+
     def reset(self) -> None:
         self.compressor.reset()
 
@@ -466,15 +434,15 @@ class Choco:
         order, local_steps: CHOCO-SGD is ATC with one local step; ``local_steps=0`` is
             CHOCO-Gossip (average consensus).
 
-    Requires W symmetric doubly-stochastic (average preserved) and **reliable delivery**.
-    The public copies are sums of increments: a receiver that misses ``q_j`` would keep a
-    copy of x̂_j behind the sender's for good (and folding W_ij into the self weight, as
-    D-PSGD does for a late message, would break ``sum_j W_ij x̂_j`` as well), after which
-    the nodes no longer agree on x̂ and the average drifts. :meth:`combine` therefore
-    refuses a ``mask`` that is False for a neighbour with W_ij > 0 (``ValueError``, state
-    untouched); False on padding (W_ij = 0) is fine. A runner with lossy links must retry
-    until delivered, or re-weight the topology without the lost neighbour before the
-    round. Time-varying W is not covered by the paper's analysis.
+    Requires W symmetric doubly-stochastic (average preserved). Late delivery: the public
+    copies are sums of increments, so an increment ``q_j`` is never dropped. One that
+    misses its round (``mask`` False where W_ij > 0) is left out of that round's
+    ``sum_j W_ij x̂_j`` (no folding into the self weight, which would corrupt it) and is
+    applied by :meth:`late` when it arrives, r rounds later: ``sum_j W_ij x̂_j += W_ij q_j``
+    and ``x += gamma r W_ij q_j``, the consensus steps it missed. Once every increment has
+    arrived, the copies and the average are exactly those of on-time delivery; a message
+    that never arrives (a crashed sender) leaves the receiver's copy behind for good.
+    Time-varying W is not covered by the paper's analysis.
     """
 
     name = "choco"
@@ -505,6 +473,10 @@ class Choco:
         _check_model(x)
         return ChocoState(x, torch.zeros_like(x), torch.zeros_like(x))
 
+    def message_size(self, d: int) -> int:
+        """A message is the compressed difference ``q = Q(x - x̂)``: ``m = d``."""
+        return d
+
     def model(self, state: ChocoState) -> Tensor:
         return state.x
 
@@ -522,37 +494,33 @@ class Choco:
     ) -> ChocoState:
         """``x̂ += q``, ``sum_j W_ij x̂_j += sum_j W_ij q_j``, ``x += gamma (sum_j W_ij x̂_j - x̂)``.
 
-        Raises ``ValueError`` (before touching ``state``) when ``mask`` drops the message of
-        a neighbour with W_ij > 0: CHOCO needs reliable delivery, see :class:`Choco`.
+        A masked neighbour's increment is left out, its weight NOT folded into the self
+        weight (``W_ii`` stays ``1 - sum_j W_ij``); it comes later through :meth:`late`.
         """
-        if mask is not None:
-            _require_delivered(mask, weights)
         with torch.no_grad():
             sent = sent.to(state.x.dtype)
+            received = received.to(sent.dtype)
+            weights = torch.as_tensor(weights, dtype=sent.dtype, device=sent.device)
+            increment = self.aggregator(sent, received, weights, mask)
+            if mask is not None:
+                # the weighted mean folded the missing W_ij into the self weight: take it back
+                lost = torch.where(torch.as_tensor(mask, device=sent.device), 0.0, weights)
+                increment.sub_(sent * lost.sum(-1, keepdim=True))
             state.public.add_(sent)
-            state.public_mix.add_(self.aggregator(sent, received.to(sent.dtype), weights, mask))
+            state.public_mix.add_(increment)
             state.x.add_(state.public_mix - state.public, alpha=self.consensus_step)
+        return state
+
+    def late(self, state: ChocoState, arrived: Tensor, missed: Tensor) -> ChocoState:
+        """Increments that missed their round: ``arrived = sum_j W_ij q_j`` over them,
+        ``missed = sum_j r_j W_ij q_j`` (r_j: rounds late). See :class:`Choco`."""
+        with torch.no_grad():
+            state.public_mix.add_(arrived.to(state.x.dtype))
+            state.x.add_(missed.to(state.x.dtype), alpha=self.consensus_step)
         return state
 
     def reset(self) -> None:
         self.compressor.reset()
-
-
-def _require_delivered(mask: Tensor, weights: Tensor) -> None:
-    weights = weights if isinstance(weights, Tensor) else torch.as_tensor(weights, device="cpu")
-    lost = ~torch.as_tensor(mask, dtype=torch.bool, device=weights.device) & (weights > 0)
-    if bool(lost.any()):
-        *node, slot = (int(i) for i in lost.nonzero()[0])
-        where = f"neighbour slot {slot}" + (
-            f" of node {node[0] if len(node) == 1 else node}" if node else ""
-        )
-        raise ValueError(
-            f"choco needs reliable delivery: mask drops a message with weight W_ij > 0 "
-            f"({int(lost.sum())} in all, first at {where}); a lost increment q_j leaves the "
-            "receiver's copy of x̂_j behind the sender's for good. Retry until delivered, or "
-            "re-weight the mixing matrix without that neighbour (mask False only on padding, "
-            "where W_ij = 0)"
-        )
 
 
 # ----------------------------------------------------------------------------- driver

@@ -48,6 +48,7 @@ from gossip.algorithms import (
     PushSum,
 )
 from gossip.compression import build_compressor
+from gossip.pairwise import PairwiseGossip
 
 __all__ = [
     "ALGORITHM_FIELDS",
@@ -194,12 +195,14 @@ class GossipConfig:
                 raise ConfigurationError("aggregator", str(error)) from None
             if name == "ad-psgd":
                 _check_size(rule, self.aggregator, 2, "an AD-PSGD exchange averages 2 models")
+
         if self.compressor is not None:
             try:
                 build_compressor(self.compressor)
             except ValueError as error:
                 raise ConfigurationError("compressor", str(error)) from None
             codec = self.compressor.strip().partition(":")[0]
+
             if name != "choco" and codec not in DENSE_COMPRESSORS:
                 raise ConfigurationError(
                     "compressor",
@@ -207,6 +210,16 @@ class GossipConfig:
                     f"receiver then mixes in as zeros; use {', '.join(DENSE_COMPRESSORS)}, or "
                     "choco, which sends compressed differences",
                 )
+        if name == "ad-psgd":
+            pairwise = PairwiseGossip(
+                consensus.build(self.aggregator or "mean"),
+                build_compressor(self.compressor or "none"),
+            )
+            try:  # state per node that changing pairs cannot carry
+                pairwise.check_batchable()
+            except ValueError as error:
+                field, _, reason = str(error).partition(": ")
+                raise ConfigurationError(field, reason) from None
         if self.consensus_step is not None:
             gamma = self.consensus_step
             if (
@@ -217,6 +230,12 @@ class GossipConfig:
             ):
                 raise ConfigurationError("consensus_step", f"must be in (0, 1]; got {gamma!r}")
             object.__setattr__(self, "consensus_step", float(gamma))
+
+    @property
+    def needs_topology(self) -> bool:
+        """Whether the weights must come from a known graph: push-sum needs each column of
+        P to sum to one, CHOCO a symmetric W over fixed neighbours whose copies it keeps."""
+        return self.algorithm in ("push-sum", "choco")
 
     @property
     def pairwise(self) -> bool:
@@ -261,7 +280,7 @@ def build_algorithm(config: GossipConfig) -> GossipAlgorithm:
     """The ``gossip`` rule a :class:`GossipConfig` names, built the same way for both runners.
 
     ``ad-psgd`` is combine-then-adapt D-PSGD over matchings (one partner, weight 1/2, see
-    :func:`gossip.algorithms.ad_psgd`); its runners drive the pairwise exchange.
+    :func:`gossip.pairwise.ad_psgd`); its runners drive the pairwise exchange.
     """
     compressor = build_compressor(config.compressor or "none")
     if config.algorithm == "push-sum":

@@ -111,6 +111,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         + ", ".join(DENSE_CODECS)
         + " (e.g. qsgd:bits=8; default none)",
     )
+    peer.add_argument(
+        "--consensus-step", type=float, help="choco: consensus step gamma in (0, 1] (default 0.5)"
+    )
+    peer.add_argument(
+        "--byzantine",
+        metavar="ATTACK",
+        help="evaluation only: act as a Byzantine member that sends this consensus attack "
+        "(sign-flip, gaussian:sigma=1, alie, ...; see gossipnet consensus) instead of its "
+        "messages; sync algorithms only",
+    )
     peer.add_argument("--fanout", type=int, default=1, help="async: neighbours per round")
     peer.add_argument("--round-deadline-s", type=float, default=5.0, help="sync: round deadline")
     peer.add_argument("--seed", type=int, default=0)
@@ -200,7 +210,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 CONFIG_FIELDS = (
     "peer_id", "client_only", "fetch_state", "order", "algorithm",
-    "local_steps", "aggregator", "codec", "fanout", "round_deadline_s", "seed", "topology",
+    "local_steps", "aggregator", "codec", "consensus_step", "byzantine", "fanout", "round_deadline_s", "seed", "topology",
     "topology_weights", "rank", "device", "max_concurrent_exchanges",
     "request_timeout_s", "suspect_after", "evict_after", "secret_file", "clock_window_s",
     "tls_cert", "tls_key", "tls_ca", "max_body_factor", "checkpoint_dir", "checkpoint_every",
@@ -405,6 +415,7 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
             "exchanges_ok": peer.health.exchanges_ok,
             "exchanges_failed": peer.health.exchanges_failed,
             "isolated": peer.health.isolated,
+            "byzantine": peer.config.byzantine,
         }
         temp = Path(args.eval_out + ".tmp")
         temp.write_text(json.dumps(report))

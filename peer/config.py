@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+import consensus
 import topologies
 from gossip.configuration import GOSSIP_ALGORITHMS, ConfigurationError, GossipConfig
 from peer.membership import check_address
@@ -20,11 +21,17 @@ from workloads.device import resolve_device as resolve_device  # re-exported for
 
 Mode = Literal["async", "sync"]
 MODES: tuple[Mode, ...] = ("async", "sync")
-ALGORITHMS: dict[str, Mode] = {"ad-psgd": "async", "dpsgd": "sync", "local-sgd": "sync"}
+ALGORITHMS: dict[str, Mode] = {
+    "ad-psgd": "async",
+    "dpsgd": "sync",
+    "local-sgd": "sync",
+    "push-sum": "sync",
+    "choco": "sync",
+}
 """Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
 SIMULATOR_ONLY = tuple(name for name in GOSSIP_ALGORITHMS if name not in ALGORITHMS)
 """gossip algorithms the simulator runs but a peer does not yet (docs/algorithms.md says why)."""
-GOSSIP_FIELDS = ("order", "local_steps", "aggregator")
+GOSSIP_FIELDS = ("order", "local_steps", "aggregator", "consensus_step")
 """PeerConfig fields that are ``gossip.GossipConfig`` fields of the same name (``codec`` is its
 ``compressor``)."""
 
@@ -58,14 +65,15 @@ class PeerConfig:
         fetch_state: when joining, start from a live peer's model (``GET /v1/state``).
 
     Algorithm:
-        algorithm: ``ad-psgd``, ``dpsgd`` or ``local-sgd`` (the simulator's names);
-            sets ``mode`` (ad-psgd: async; dpsgd, local-sgd: sync). ``None``: from ``mode``
-            (async: ad-psgd; sync: dpsgd).
+        algorithm: ``ad-psgd``, ``dpsgd``, ``local-sgd``, ``push-sum`` or ``choco`` (the
+            simulator's names); sets ``mode`` (ad-psgd: async; the others: sync rounds).
+            ``None``: from ``mode`` (async: ad-psgd; sync: dpsgd). push-sum and choco need
+            a ``topology`` (their weights come from a known graph).
         mode: ``"async"`` (AD-PSGD: average with ``fanout`` random neighbours, one
             pair at a time, Lian et al. ICML 2018) or ``"sync"`` (D-PSGD rounds: mix
             with every neighbour, those missing the deadline masked out, Lian et al.
             NeurIPS 2017). ``None``: from ``algorithm`` (a contradiction is an error).
-        order, local_steps, aggregator, codec: the algorithm's settings, validated by
+        order, local_steps, aggregator, codec, consensus_step: the algorithm's settings, validated by
             ``gossip.GossipConfig`` exactly as the simulator validates its ``[algorithm]``
             table (``codec`` is its ``compressor``). ``None`` takes the algorithm's
             default; a setting the algorithm does not read is an error. After
@@ -74,7 +82,7 @@ class PeerConfig:
             local_steps: optimizer steps per round (>= 1 on a peer; local-sgd >= 2);
             aggregator: a ``consensus.build`` spec (``mean``, ``trimmed-mean:b=1``; for
             ad-psgd one that can run on the pair's 2 models); codec: ``none``, ``fp16``,
-            ``bf16`` or ``qsgd[:bits=B]``.
+            ``bf16`` or ``qsgd[:bits=B]`` (choco: any codec); consensus_step: CHOCO's gamma.
         fanout: async mode: neighbours averaged with per round.
         round_deadline_s: sync mode: how long a round waits for neighbours.
         seed: seeds neighbour choice (with the peer id) and data order.
@@ -89,6 +97,13 @@ class PeerConfig:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:I`` (checked when the peer is built).
         max_concurrent_exchanges: ``/v1/exchange`` requests served at once; more get
             ``409 busy`` before their body is read (bounds incoming model buffers).
+
+    Evaluation:
+        byzantine: a ``consensus.build_attack`` spec (``sign-flip``, ``gaussian:sigma=1``,
+            ``alie``...): this peer is a Byzantine member for experiments. It trains and
+            mixes as usual, but every message it sends is the attack's (synchronous
+            algorithms only, as in the simulator). It says so loudly: a warning at start,
+            ``byzantine`` in its status and ``gossipnet_byzantine 1`` in its metrics.
 
     Robustness and safety:
         request_timeout_s: total timeout of every outgoing call.
@@ -116,6 +131,8 @@ class PeerConfig:
     local_steps: int | None = None
     aggregator: str | None = None
     codec: str | None = None
+    consensus_step: float | None = None
+    byzantine: str | None = None
     fanout: int = 1
     round_deadline_s: float = 5.0
     seed: int = 0
@@ -224,16 +241,41 @@ class PeerConfig:
                 local_steps=self.local_steps,
                 aggregator=self.aggregator,
                 compressor=self.codec,
+                consensus_step=self.consensus_step,
             )
         except ConfigurationError as error:
             field = "codec" if error.field == "compressor" else error.field
             raise ValueError(f"PeerConfig.{field}: {error.reason}") from None
+        if self.byzantine is not None:
+            self._check_byzantine(algorithm)
+        if settings.needs_topology and self.topology is None:
+            raise ValueError(
+                f"PeerConfig.topology is required for {algorithm}: its mixing weights must come "
+                "from a known graph over PeerConfig.peer_list (e.g. topology='ring')"
+            )
         object.__setattr__(self, "algorithm", algorithm)
         object.__setattr__(self, "mode", ALGORITHMS[algorithm])
         for name in GOSSIP_FIELDS:
             object.__setattr__(self, name, getattr(settings, name))
         object.__setattr__(self, "codec", settings.compressor)
         self.__dict__["_gossip"] = settings
+
+    def _check_byzantine(self, algorithm: str) -> None:
+        if not isinstance(self.byzantine, str) or not self.byzantine.strip():
+            raise ValueError(
+                f"PeerConfig.byzantine must be an attack spec (e.g. 'sign-flip'), got "
+                f"{self.byzantine!r}"
+            )
+        if ALGORITHMS[algorithm] != "sync":
+            raise ValueError(
+                f"PeerConfig.byzantine needs a synchronous algorithm (dpsgd, local-sgd, push-sum, "
+                f"choco), not {algorithm}: Byzantine peers are evaluated in rounds, as in the "
+                "simulator"
+            )
+        try:
+            consensus.build_attack(self.byzantine)
+        except ValueError as error:
+            raise ValueError(f"PeerConfig.byzantine: {error}") from None
 
     @property
     def gossip(self) -> GossipConfig:

@@ -42,6 +42,11 @@ class PeerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
         )
         self.round = Gauge("gossipnet_round", "Current gossip round", registry=self.registry)
+        self.byzantine = Gauge(
+            "gossipnet_byzantine",
+            "1 if this peer runs a Byzantine attack (PeerConfig.byzantine, evaluation only)",
+            registry=self.registry,
+        )
         self.step = Gauge("gossipnet_step", "Local optimizer steps taken", registry=self.registry)
         self.loss = Gauge("gossipnet_loss", "Last training loss", registry=self.registry)
         self.isolated = Gauge(

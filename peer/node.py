@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -54,9 +55,11 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from gossip.algorithms import average_pair, neighbourhood_fits
+import consensus
+from gossip.algorithms import neighbourhood_fits
 from gossip.configuration import build_algorithm
 from gossip.flat import FlatParameters
+from gossip.pairwise import PairwiseGossip
 from peer import checkpoint
 from peer.auth import (
     RequestVerifier,
@@ -80,6 +83,9 @@ logger = logging.getLogger(__name__)
 
 Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+LATE_ROUNDS = 4
+"""A sync message up to this many rounds late is still handed to the rule (``late``); an
+older one is dropped (for CHOCO that leaves a public copy behind: the peer warns)."""
 VIEW_REFRESH_ROUNDS = 10
 """Every this many rounds a peer pulls a random neighbour's membership view."""
 HEALTH_WINDOW_ROUNDS = 5
@@ -146,6 +152,10 @@ class Peer:
         self.algorithm = build_algorithm(config.gossip)
         self.aggregator = self.algorithm.aggregator
         self.gossip_state = self.algorithm.init(self.flat.vector)
+        self.message_spec = ModelSpec(
+            numel=self.algorithm.message_size(self.spec.numel), dtype=self.spec.dtype
+        )
+        """What a sync message holds (the model, or push-sum's ``[x, w]``)."""
         self.topology = (
             TopologyNeighbours(
                 config.topology,
@@ -166,6 +176,13 @@ class Peer:
             else None
         )
         self.metrics = PeerMetrics(self.peer_id)
+        self.attack = None if config.byzantine is None else consensus.build_attack(config.byzantine)
+        """The attack this peer runs instead of honest messages (evaluation only), or None."""
+        self._attack_generator = torch.Generator().manual_seed(
+            _derived_seed(config.seed + 1, config.peer_id)
+        )
+        self._sent: torch.Tensor | None = None  # this round's message as receivers decode it
+        self.metrics.byzantine.set(0 if self.attack is None else 1)
         self.health = ExchangeHealth(self.peer_id, window=HEALTH_WINDOW_ROUNDS)
         """Exchanges that succeeded / failed per round; isolation (:mod:`peer.health`)."""
         self.membership = Membership(
@@ -183,7 +200,9 @@ class Peer:
         self._rng = random.Random(f"{config.seed}:{self.peer_id}")
         self._batches: Iterator[Batch] | None = None
         self._inbox: dict[str, dict[int, torch.Tensor]] = {}
-        self._served: dict[str, int] = {}
+        self._heard: dict[str, set[int]] = {}  # recent rounds each sender's message came for
+        self._delivered: dict[str, int] = {}  # the newest round of ours each neighbour has
+        self._awaiting: dict[str, int] = {}  # callers waiting for our reply, by their round
         self._in_flight: set[str] = set()
         self._send_buffer: torch.Tensor | None = None
         self._starved = False  # the last round had too few models for the rule
@@ -207,6 +226,13 @@ class Peer:
         """Resume (if configured), listen (unless client-only), and join the swarm."""
         config = self.config
         self._changed = asyncio.Condition()
+        if self.attack is not None:
+            logger.warning(
+                "peer %s is BYZANTINE: every message it sends is the attack %r (for evaluating "
+                "robust rules; never use in a real swarm)",
+                self.peer_id,
+                config.byzantine,
+            )
         if self.secret is None:
             warn_open_swarm(self.peer_id)
         if config.resume:
@@ -429,6 +455,20 @@ class Peer:
             else:
                 await self.gossip()
 
+    async def settle(self) -> None:
+        """Hand the rule the messages that arrived after this peer's last round (sync mode).
+
+        Call it once the swarm has stopped exchanging and before reading the final model:
+        push-sum adds the late mass and CHOCO the late increments (``late`` of the rule),
+        so nothing sent is left out; D-PSGD drops them, as it does every round.
+        """
+        if self._changed is None:
+            raise RuntimeError("peer is not started: await peer.start() first")
+        async with self._changed:
+            overdue = self._take_late(self.round)
+        if overdue:
+            await asyncio.to_thread(self._late_locked, overdue, self.round)
+
     async def gossip(self) -> int:
         """One exchange phase in the configured mode; returns how many neighbours took part."""
         if self.config.mode == "async":
@@ -461,12 +501,15 @@ class Peer:
             return self._send_buffer
 
     def _envelope(self, vector: torch.Tensor) -> Envelope:
+        return self._envelope_of(self.codec.encode(vector.cpu()))
+
+    def _envelope_of(self, payload: dict[str, Any]) -> Envelope:
         return Envelope(
             sender=self.peer_id,
             round=self.round,
             step=self.step,
             codec=self.codec.name,
-            payload=self.codec.encode(vector.cpu()),
+            payload=payload,
         )
 
     def _neighbours(self) -> list[Member]:
@@ -523,29 +566,30 @@ class Peer:
         return True
 
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
-        """x <- x + (average - sent): adopt the pair's average, keep progress made meanwhile."""
-        with self.lock, torch.no_grad():
-            device = self.device
-            self.flat.vector.add_(averaged.to(device)).sub_(sent.to(device))
+        """The caller's half, ``gossip.PairwiseGossip.caller_update``: x <- x + (answer - sent),
+        adopting the pair's average and keeping progress made meanwhile."""
+        with self.lock:
+            PairwiseGossip.caller_update(self.flat.vector, sent, averaged)
 
     def _average_locked(self, other: torch.Tensor) -> torch.Tensor:
-        with self.lock, torch.no_grad():
-            averaged = average_pair(self.flat.vector, other.to(self.device), self.aggregator)
-            self.flat.vector.copy_(averaged)
-            return averaged
+        """The callee's half, ``gossip.PairwiseGossip.callee_answer``: adopt
+        ``average_pair(own, other, aggregator)`` atomically and return it (the answer)."""
+        with self.lock:
+            return PairwiseGossip(self.aggregator).callee_answer(self.flat.vector, other)
 
     # ------------------------------------------------------------------ sync (D-PSGD)
 
     async def _gossip_sync(self) -> int:
         assert self._changed is not None
         t = self.round
-        own = await asyncio.to_thread(self._snapshot)
         async with self._changed:
-            self._published = self._envelope(own)
-            for sender in list(self._inbox):
-                rounds = self._inbox[sender]
-                for r in [r for r in rounds if r < t]:
-                    del rounds[r]
+            overdue = self._take_late(t)
+        if overdue:
+            await asyncio.to_thread(self._late_locked, overdue, t)
+        payload, sent = await asyncio.to_thread(self._message_locked)
+        async with self._changed:
+            self._published = self._envelope_of(payload)
+            self._sent = sent
             self._changed.notify_all()
         expected = self._expected()
         failed: set[str] = set()
@@ -564,8 +608,13 @@ class Peer:
         eager: list[Member] = []
         lazy: list[Member] = []
         for member in self._neighbours():
-            if self._served.get(member.id) == t and t in self._inbox.get(member.id, {}):
-                continue  # it called us this round and got our round-t model
+            if self._delivered.get(member.id, -1) >= t or self._awaiting.get(member.id, t + 1) <= t:
+                continue  # it called us this round: our reply carries (or carried) round t
+            if t in self._inbox.get(member.id, {}):
+                # it called us ahead of us and got an older round: push it ours now, so no
+                # round's message is lost (CHOCO's copies and push-sum's mass need every one)
+                eager.append(member)
+                continue
             (eager if self.address is None or member.id > self.peer_id else lazy).append(member)
         tasks = [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in eager]
         loop = asyncio.get_running_loop()
@@ -578,7 +627,7 @@ class Peer:
                     await asyncio.wait_for(
                         self._changed.wait_for(complete), max(until - loop.time(), 0)
                     )
-            late = [m for m in then_call if not done(m.id) and self._served.get(m.id) != t]
+            late = [m for m in then_call if not done(m.id) and self._delivered.get(m.id, -1) < t]
             tasks += [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in late]
         for task in tasks:
             task.cancel()
@@ -589,13 +638,16 @@ class Peer:
         if mixed and not self._fits(arrived + 1):
             mixed = []  # keep our own model this round, as the simulator freezes such a row
         if mixed:
-            received = torch.stack(
-                [self._inbox[j][t].to(self.device) if j in present else own for j in mixed]
-            ).to(self.spec.dtype)
+            received = torch.stack([self._inbox[j][t] if j in present else sent for j in mixed]).to(
+                self.device, self.spec.dtype
+            )
             mask = torch.tensor([j in present for j in mixed], device=self.device)
-            await asyncio.to_thread(self._combine_locked, own, received, weights, mask)
-        for j in expected:
-            self._inbox.get(j, {}).pop(t, None)
+            self_weight = None if self.topology is None else self.topology.self_weight(t)
+            await asyncio.to_thread(
+                self._combine_locked, sent.to(self.device), received, weights, mask, self_weight
+            )
+        for j in present:  # a message that comes after this mix is late (next round's start)
+            self._inbox[j].pop(t, None)
         self.health.record(ok=len(present), failed=len(expected) - len(present))
         return len(present)
 
@@ -651,12 +703,14 @@ class Peer:
     async def _sync_call(self, member: Member, envelope: Envelope, failed: set[str]) -> None:
         assert member.address is not None and self._changed is not None
         try:
+            if self.attack is not None:
+                envelope = await self._attacked(envelope, member.id, None)
             reply = await self._client().exchange(member.address, envelope, codecs=self.codecs)
             if reply.sender != member.id:
                 raise UnknownPeer(
                     f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
                 )
-            vector = self.codecs[reply.codec].decode(reply.payload, self.spec)
+            vector = self.codecs[reply.codec].decode(reply.payload, self.message_spec)
         except RemoteRefused as error:
             busy = error.code == Busy.code  # at its bound of concurrent exchanges: alive
             self.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
@@ -670,20 +724,118 @@ class Peer:
         else:
             self.membership.record_success(member.id)
             self.metrics.exchanges(role="caller", outcome="ok").inc()
+            self._delivered[member.id] = max(envelope.round, self._delivered.get(member.id, -1))
             self._store(reply.sender, reply.round, vector)
         async with self._changed:
             self._changed.notify_all()
 
+    async def _attacked(
+        self, envelope: Envelope, receiver: str, target: torch.Tensor | None
+    ) -> Envelope:
+        """A Byzantine peer's message to ``receiver``: ``consensus.byzantine_message`` on this
+        round's message, as the simulator's injection computes it.
+
+        An attack that reads the honest messages (ALIE, IPM, dissensus, mimic) sees what a
+        real attacker can: the receiver's message when it called us first (else our own),
+        and the messages our other neighbours sent us this round, with uniform weights.
+        The simulator's injection is omniscient instead (the receiver's whole neighbourhood);
+        docs/consensus.md says so.
+        """
+        assert self.attack is not None and self._sent is not None
+        own = self._sent
+        honest = [
+            rounds[envelope.round]
+            for sender, rounds in self._inbox.items()
+            if sender != receiver and envelope.round in rounds
+        ]
+
+        def attack() -> Envelope:
+            view: dict[str, Any] = {}
+            if self.attack is not None and self.attack.needs_honest:
+                weight = 1.0 / (len(honest) + 2)
+                view = {
+                    "target": own if target is None else target.to(own.dtype),
+                    "honest": torch.stack(honest).to(own.dtype)
+                    if honest
+                    else own.new_zeros((0, own.numel())),
+                    "honest_weights": own.new_full((len(honest),), weight),
+                    "byzantine_weight": weight,
+                    "byzantine_count": 1,
+                }
+            assert self.attack is not None
+            message = consensus.byzantine_message(
+                self.attack, own, generator=self._attack_generator, **view
+            )
+            return dataclasses.replace(envelope, payload=self.codec.encode(message.cpu()))
+
+        return await asyncio.to_thread(attack)
+
     def _store(self, sender: str, round_: int, vector: torch.Tensor) -> None:
-        """Keep a neighbour's model for this round or the next; older or further ahead is dropped."""
-        if self.round <= round_ <= self.round + 1:
+        """Keep a neighbour's message for this round, up to LATE_ROUNDS rounds ahead (a faster
+        neighbour's), or up to LATE_ROUNDS rounds late (the rule's ``late`` takes it at the
+        next round's start); others are dropped."""
+        heard = self._heard.setdefault(sender, set())
+        if round_ in heard:  # a round's message counts once (a reply may repeat one)
+            return
+        if self.round - LATE_ROUNDS <= round_ <= self.round + LATE_ROUNDS:
             self._inbox.setdefault(sender, {})[round_] = vector
+            heard.add(round_)
+            heard.difference_update([r for r in heard if r < self.round - LATE_ROUNDS])
+        elif round_ < self.round:
+            logger.warning(
+                "peer %s: dropped %s's message of round %d, more than %d rounds late",
+                self.peer_id,
+                sender,
+                round_,
+                LATE_ROUNDS,
+            )
+
+    def _take_late(self, t: int) -> list[tuple[str, int, torch.Tensor]]:
+        """Inbox messages of rounds before ``t``: they came after their round mixed."""
+        late = []
+        for sender, rounds in self._inbox.items():
+            for r in [r for r in rounds if r < t]:
+                late.append((sender, r, rounds.pop(r)))
+        return late
+
+    def _message_locked(self) -> tuple[dict[str, Any], torch.Tensor]:
+        """This round's message (the rule's ``message``), encoded once for every neighbour,
+        and decoded as they will decode it (the ``sent`` the rule combines with)."""
+        with self.lock, torch.no_grad():
+            # a copy: the payload views it, and is served for this round after the model moves
+            message = self.algorithm.message(self.gossip_state).detach().to("cpu", copy=True)
+        payload = self.codec.encode(message)
+        # what a receiver decodes (CHOCO combines with exactly that)
+        return payload, self.codecs[self.codec.name].decode(payload, self.message_spec)
+
+    def _late_locked(self, late: list[tuple[str, int, torch.Tensor]], t: int) -> None:
+        """``late(state, sum_j W_ij m_j, sum_j r_j W_ij m_j)`` with each message's own round's
+        weights (0 for a sender that row of W does not receive from) and lateness r_j."""
+        if self.topology is None:
+            return  # uniform mixing (dpsgd only): a late model is stale and dropped
+        addresses = {m.id: m.address for m in self.membership.members()}
+        arrived = torch.zeros(self.message_spec.numel, dtype=self.spec.dtype, device=self.device)
+        missed = torch.zeros_like(arrived)
+        for sender, r, vector in late:
+            weight = self.topology.weights(r).get(addresses.get(sender) or "", 0.0)
+            if weight:
+                value = vector.to(self.device, self.spec.dtype)
+                arrived.add_(value, alpha=weight)
+                missed.add_(value, alpha=weight * (t - r))
+        with self.lock:
+            self.algorithm.late(self.gossip_state, arrived, missed)
 
     def _combine_locked(
-        self, own: torch.Tensor, received: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
+        self,
+        sent: torch.Tensor,
+        received: torch.Tensor,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        self_weight: float | None,
     ) -> None:
         with self.lock:
-            self.algorithm.combine(self.gossip_state, own, received, weights, mask)
+            diagonal = None if self_weight is None else torch.tensor(self_weight)
+            self.algorithm.combine(self.gossip_state, sent, received, weights, mask, diagonal)
 
     # ------------------------------------------------------------------ server side
 
@@ -703,19 +855,29 @@ class Peer:
         async with self._changed:
             self._store(envelope.sender, envelope.round, vector)
             self._changed.notify_all()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(
-                        lambda: (
-                            self._published is not None and self._published.round >= envelope.round
-                        )
-                    ),
-                    self.config.round_deadline_s,
-                )
+            self._awaiting[envelope.sender] = envelope.round  # our reply will carry that round
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(
+                            lambda: (
+                                self._published is not None
+                                and self._published.round >= envelope.round
+                            )
+                        ),
+                        self.config.round_deadline_s,
+                    )
+            finally:
+                self._awaiting.pop(envelope.sender, None)
             reply = self._published
-        if reply is None:
-            reply = self._envelope(await asyncio.to_thread(self._snapshot))
-        self._served[envelope.sender] = reply.round
+            if reply is not None:
+                self._delivered[envelope.sender] = max(
+                    reply.round, self._delivered.get(envelope.sender, -1)
+                )
+        if reply is None:  # no round of ours yet: nothing the rule has accounted for to send
+            raise Busy(f"{self.peer_id} has not published a round yet")
+        if self.attack is not None:
+            reply = await self._attacked(reply, envelope.sender, vector)
         return reply
 
     def on_join(self, peer_id: object, address: object) -> list[dict[str, Any]]:
@@ -773,6 +935,7 @@ class Peer:
             "bytes_in": self.metrics.bytes_total("in"),
             "bytes_out": self.metrics.bytes_total("out"),
             "authenticated": self.secret is not None,
+            "byzantine": self.config.byzantine,
             **self.health.to_json(),
         }
 

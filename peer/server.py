@@ -57,6 +57,7 @@ class Service(Protocol):
 
     peer_id: str
     spec: ModelSpec
+    message_spec: ModelSpec
     max_body_bytes: int
     max_concurrent_exchanges: int
     codecs: dict[str, Codec]
@@ -187,7 +188,7 @@ def build_app(service: Service) -> web.Application:
             )
             if envelope.sender == service.peer_id:
                 raise MalformedBody(f"sender {envelope.sender!r} is this peer's own id")
-            vector = service.codecs[envelope.codec].decode(envelope.payload, service.spec)
+            vector = service.codecs[envelope.codec].decode(envelope.payload, service.message_spec)
         except ProtocolError:
             service.metrics.exchanges(role="callee", outcome="refused").inc()
             raise

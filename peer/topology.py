@@ -91,6 +91,7 @@ class TopologyNeighbours:
         )
         self._round: int | None = None
         self._weights: dict[str, float] = {}
+        self._self_weight = 1.0
         self._partners: frozenset[str] = frozenset()
 
     @property
@@ -113,12 +114,18 @@ class TopologyNeighbours:
             if (table.index[i][table.mask[i]] == row).any()
         }
         self._round, self._weights = t, incoming
+        self._self_weight = float(table.self_weight[row])
         self._partners = frozenset(incoming) | frozenset(outgoing)
 
     def weights(self, t: int) -> dict[str, float]:
         """``{address of j: W_rank,j}`` for every node this rank receives from in round t."""
         self._at(t)
         return dict(self._weights)
+
+    def self_weight(self, t: int) -> float:
+        """``W_rank,rank`` of round t (push-sum needs it explicitly: columns sum to one)."""
+        self._at(t)
+        return self._self_weight
 
     def partners(self, t: int) -> frozenset[str]:
         """Addresses this rank exchanges with in round t (it receives from or sends to them)."""

@@ -9,7 +9,6 @@ smallest neighbourhood, exactly as a networked peer's launcher does.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +27,18 @@ from sim.algorithms import (
     ParameterServer,
     RingAllReduce,
 )
+from sim.batched import BatchedPeers
 from sim.config import ConfigError, ExperimentConfig, WorkloadConfig
-from sim.engine import BatchedPeers
 from sim.metrics import Evaluation
 from sim.network import ComputeModel, Failures, Links
+from workloads.cache import default_cache_dir
 from workloads.device import resolve_device
 
-__all__ = ["build", "build_algorithm", "build_schedule", "default_cache_dir"]
+__all__ = ["build", "build_algorithm", "build_schedule"]
 
 
 def _fail(field_name: str, message: str) -> ConfigError:
     return ConfigError(f"{field_name}: {message}")
-
-
-def default_cache_dir() -> Path:
-    """Where generated data sets are kept: ``$GOSSIPNET_CACHE`` if set, else
-    ``$XDG_CACHE_HOME/gossipnet`` (``~/.cache/gossipnet``)."""
-    explicit = os.environ.get("GOSSIPNET_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "gossipnet"
 
 
 def _load_dataset(workload: WorkloadConfig) -> Any:
@@ -118,7 +108,7 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
 
     schedule = build_schedule(config)
     if name == "ad-psgd":
-        return AsynchronousGossip(schedule)
+        return AsynchronousGossip(schedule, algorithm=build_gossip(a.gossip))
     attack = None
     if config.byzantine.count:
         try:

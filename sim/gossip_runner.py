@@ -6,12 +6,14 @@ rule) exactly as its :class:`gossip.RoundPlan` says: ``gradient`` -> one ``vmap(
 the peers, ``step`` -> the batched optimizer, ``exchange`` -> ``message``, the compressor,
 a gather along the round's neighbour table (Byzantine senders' rows replaced by the attack)
 and ``combine``. The network model charges each round its critical path,
-``max_i (H·t_i + Σ_{j ∈ out(i)} (α_ij + M_enc/B_ij))``, with the compressor's real encoded
-bytes M_enc.
+``max_i (H·t_i + Σ_{j ∈ out(i)} (α_ij + M_i/B_ij))``, with M_i the bytes of the body peer i
+sends (``gossip.compression.envelope_bytes``: the compressor's real encoded payload in the
+envelope a peer wraps it in, peer i named ``peer-i`` as ``gossipnet launch`` names it, with
+the round and its step counter), which is also what each message is charged.
 
 :class:`AsynchronousGossip` is AD-PSGD (Lian et al., ICML 2018) driven by the discrete-event
 simulation of :func:`sim.network.asynchronous_gossip_events`: each peer computes a gradient,
-averages with one random neighbour (``gossip.pairwise_average``) and applies its gradient.
+averages with one random neighbour (``gossip.PairwiseGossip``) and applies its gradient.
 Events are processed in time order, in waves of disjoint pairs (one vmap per wave).
 """
 
@@ -32,18 +34,13 @@ from gossip.algorithms import (
     GossipAlgorithm,
     GossipState,
     neighbourhood_fits,
-    pairwise_average,
 )
+from gossip.compression import launch_envelope_bytes
+from gossip.pairwise import PairwiseGossip, ad_psgd
 from sim.algorithms import Context, RoundReport, _mean_loss
-from sim.engine import (
-    BlockedOptimizer,
-    gather_mix,
-    gather_rows,
-    keeps_state,
-    masked_step,
-    rows_for_budget,
-)
+from sim.mixing import gather_mix, gather_rows, keeps_state, rows_for_budget
 from sim.network import Event, asynchronous_gossip_events
+from sim.optimizers import BlockedOptimizer, masked_step
 from topologies.schedules import Schedule
 
 
@@ -84,6 +81,7 @@ class SynchronousGossip:
     name: str = ""
     state: Any = field(default=None, init=False, repr=False)
     _mixed: Tensor | None = field(default=None, init=False, repr=False)
+    _late: Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.algorithm.name
@@ -135,8 +133,8 @@ class SynchronousGossip:
                     raise RuntimeError(f"plan {phases}: a step phase needs a gradient phase first")
                 self.trainer.step_with(grads, alive)
                 local_steps += 1
-            else:
-                sent_bytes += self._exchange(ctx, table, alive)
+            else:  # the senders' step counters, as their envelopes carry them
+                sent_bytes += self._exchange(ctx, table, alive, ctx.step_count + local_steps)
                 exchanges += 1
         ctx.step_count[alive.cpu().numpy()] += local_steps
         compute = np.zeros(ctx.n)
@@ -153,7 +151,7 @@ class SynchronousGossip:
             train_loss=_mean_loss(losses, honest_alive),
         )
 
-    def _exchange(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
+    def _exchange(self, ctx: Context, table: Any, alive: Tensor, steps: np.ndarray) -> np.ndarray:
         device = ctx.device
         index = torch.as_tensor(table.index, dtype=torch.long, device=device)
         listening = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
@@ -164,11 +162,20 @@ class SynchronousGossip:
         # keeps its state this exchange: mix it with the full table, then restore its rows
         frozen = ~alive | ~self._enough(mask)
         mask = torch.where(frozen.unsqueeze(1), listening, mask)
+        if self._late is not None:  # last exchange's lost messages arrive now, one round late
+            self.algorithm.late(self.state, self._late, self._late)
+            self._late = None
         message = self.algorithm.message(self.state)
         weights = torch.as_tensor(table.weight, dtype=message.dtype, device=device)
         self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype, device=device)
         compressed = self.algorithm.compressor.compress(message, self.generator)
-        self.wire_bytes = compressed.wire_bytes
+        # what peer-i's body for this message would weigh (gossip.compression.envelope)
+        self.message_bytes = launch_envelope_bytes(
+            compressed.wire_bytes,
+            round=ctx.round,
+            steps=steps,
+            codec=self.algorithm.compressor.codec,
+        )
         sent = compressed.values
         if self._streams(ctx, sent):
             # plain D-PSGD with a stateless rule: mix a cache-sized chunk of receivers at a
@@ -190,28 +197,35 @@ class SynchronousGossip:
                     self._mixed = self.trainer.swap(mixed)  # no [n, d] copy back
                 else:
                     x.copy_(mixed)
-            return self._sent_bytes(ctx, index, listening, alive, compressed.wire_bytes)
+            return self._sent_bytes(ctx, index, listening, alive, self.message_bytes)
         received = gather_rows(sent, index)
         if self.attack is not None and bool(ctx.byzantine.any()):
             received = byzantine_messages(
                 self.attack, sent, received, index, weights, mask, ctx.byzantine
             )
         rows = frozen.nonzero().squeeze(1)
+        # messages lost in transit to a live receiver are not gone: the transport retries and
+        # they arrive at the next exchange, where the rule's ``late`` decides what they do
+        lost = listening & alive[index] & ~mask & ~frozen.unsqueeze(1)
+        if bool(lost.any()):
+            late = torch.where(lost, weights, 0.0).unsqueeze(-1) * received
+            self._late = late.sum(dim=1)
         saved = [(t, t[rows].clone()) for t in _row_tensors(self.state, ctx.n)]
         self.algorithm.combine(self.state, sent, received, weights, mask, self_weight)
         with torch.no_grad():
             for tensor, value in saved:
                 tensor[rows] = value
-        return self._sent_bytes(ctx, index, listening, alive, compressed.wire_bytes)
+        return self._sent_bytes(ctx, index, listening, alive, self.message_bytes)
 
     @staticmethod
     def _sent_bytes(
-        ctx: Context, index: Tensor, listening: Tensor, alive: Tensor, wire_bytes: int
+        ctx: Context, index: Tensor, listening: Tensor, alive: Tensor, message_bytes: np.ndarray
     ) -> np.ndarray:
-        """Each live sender transmits its payload once per receiver that listens to it."""
+        """Each live sender transmits its message (``message_bytes [n]``, the envelope a peer
+        would send) once per receiver that listens to it."""
         heard_by = listening & alive.unsqueeze(1)
         out_degree = np.bincount(index[heard_by].cpu().numpy(), minlength=ctx.n)
-        return np.where(alive.cpu().numpy(), out_degree * wire_bytes, 0).astype(np.float64)
+        return np.where(alive.cpu().numpy(), out_degree * message_bytes, 0).astype(np.float64)
 
     def _streams(self, ctx: Context, sent: Tensor) -> bool:
         """Whether this exchange can mix chunk by chunk (:func:`sim.engine.gather_mix`): plain
@@ -231,11 +245,13 @@ class SynchronousGossip:
         return neighbourhood_fits(self.algorithm.aggregator, mask.sum(dim=1) + 1)
 
     def _send_time(self, ctx: Context, table: Any, alive: Tensor) -> np.ndarray:
-        """Per sender j: ``Σ_{i listening to j} (α_ji + M_enc/B_ji)`` for one exchange."""
+        """Per sender j: ``Σ_{i listening to j} (α_ji + M_j/B_ji)`` for one exchange, ``M_j``
+        the bytes of j's message (envelope and payload)."""
         mask = np.asarray(table.mask) & alive.cpu().numpy()[:, None]
         receivers = np.broadcast_to(np.arange(ctx.n)[:, None], mask.shape)[mask]
         senders = np.asarray(table.index)[mask]
-        size = getattr(self, "wire_bytes", ctx.model_bytes)
+        sizes = getattr(self, "message_bytes", None)
+        size = ctx.model_bytes if sizes is None else sizes[senders]
         per_edge = ctx.links.transfer_time(senders, receivers, size)
         return np.bincount(senders, weights=per_edge, minlength=ctx.n)
 
@@ -249,13 +265,38 @@ class AsynchronousGossip:
     ``x_i``, averages ``x_i, x_j <- (x_i + x_j)/2`` with one random neighbour and applies the
     gradient, ``x_i <- x_i − η g_i``; a discrete-event simulation decides the order.
 
+    The exchange is ``gossip.PairwiseGossip`` of ``algorithm`` (its consensus rule over two
+    inputs and its codec), the same halves a peer runs: the caller sends ``C(x_i)``, the
+    callee adopts ``aggregator(x_j, C(x_i))`` and answers it compressed, the caller adopts
+    the answer. Each side of a pair is charged one message of the codec's real encoded size
+    (``compressor.wire_bytes(d)``), which is also the size the event timing transfers.
+
     Args:
         schedule: its round-0 neighbour table says who may pair with whom.
         name: the name in records.
+        algorithm: the built AD-PSGD rule (``gossip.build_algorithm`` of an ``ad-psgd``
+            config, or ``gossip.ad_psgd(aggregator=..., compressor=...)``); default plain
+            averaging, uncompressed.
     """
 
     schedule: Schedule
     name: str = "ad-psgd"
+    algorithm: GossipAlgorithm = field(default_factory=ad_psgd)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.algorithm, DecentralizedSGD):
+            raise ValueError(
+                "algorithm: AD-PSGD exchanges models pairwise; give gossip.ad_psgd(...) or "
+                f"gossip.build_algorithm of an ad-psgd config, got {self.algorithm!r}"
+            )
+        phases = self.algorithm.plan.phases()
+        if phases != ("gradient", "exchange", "step"):
+            raise ValueError(
+                f"algorithm: AD-PSGD takes a gradient, exchanges, then steps (combine-then-adapt, "
+                f"1 local step); {self.algorithm!r} runs {phases}"
+            )
+        self.exchange = PairwiseGossip.of(self.algorithm)
+        self.exchange.check_batchable()
 
     def setup(self, ctx: Context) -> None:
         if self.schedule.n != ctx.n:
@@ -266,13 +307,15 @@ class AsynchronousGossip:
             raise ValueError("byzantine: asynchronous gossip runs without Byzantine peers")
         self.parameters = ctx.peers.params  # trained in place
         self.optimizer = ctx.optimizer.build(self.parameters)
+        self.generator = torch.Generator().manual_seed(ctx.seed + 7)
+        self.message_bytes = self.exchange.message_bytes(ctx.peers.dim)
         table = self.schedule.neighbour_table(0)
         self.events = asynchronous_gossip_events(
             ctx.compute,
             ctx.links,
             np.asarray(table.index),
             np.asarray(table.mask),
-            ctx.model_bytes,
+            self.message_bytes,
             total_steps=2**62,
             failures=ctx.failures,
             seed=ctx.seed,
@@ -309,7 +352,7 @@ class AsynchronousGossip:
         pairs = torch.tensor(
             [[e.peer, e.partner] for e in wave if e.partner >= 0], device=ctx.device
         ).reshape(-1, 2)
-        pairwise_average(self.parameters, pairs)
+        self.exchange.exchange(self.parameters, pairs, self.generator)
         full = torch.zeros_like(self.parameters)
         full[peers] = grads
         self.parameters.grad = full
@@ -319,8 +362,8 @@ class AsynchronousGossip:
         np.add.at(ctx.step_count, peers.cpu().numpy(), 1)
         for e in wave:
             if e.partner >= 0:
-                sent[e.peer] += ctx.model_bytes
-                sent[e.partner] += ctx.model_bytes
+                sent[e.peer] += self.message_bytes  # the caller's payload
+                sent[e.partner] += self.message_bytes  # the callee's answer
         return losses
 
     def models(self, ctx: Context) -> Tensor:

@@ -19,14 +19,12 @@ from gossip.algorithms import (
     DecentralizedSGD,
     PushSum,
     RoundPlan,
-    ad_psgd,
-    average_pair,
     local_sgd,
-    pairwise_average,
     synchronous_exchange,
 )
 from gossip.compression import build_compressor
 from gossip.flat import FlatParameters, ParameterLayout
+from gossip.pairwise import ad_psgd, average_pair, pairwise_average
 
 from ._tables import (
     Table,
@@ -565,34 +563,81 @@ def test_choco_public_copies_stay_in_step_with_padded_tables() -> None:
     assert torch.allclose(state.x.mean(0), start.mean(0), rtol=0, atol=1e-12)
 
 
-def test_choco_refuses_a_lost_message_and_leaves_its_state_untouched() -> None:
-    """A masked real neighbour would leave the receiver's copy of x̂_j behind for good."""
-    n, d = 6, 10
+def _late_sums(table, sent, lost):  # type: ignore[no-untyped-def]
+    """``sum_j W_ij m_j`` over the lost slots: what a runner hands to ``late`` next round."""
+    index = torch.as_tensor(table.index, dtype=torch.long)
+    weights = torch.as_tensor(table.weight, dtype=sent.dtype)
+    return (torch.where(lost, weights, 0.0).unsqueeze(-1) * sent[index]).sum(dim=1)
+
+
+@pytest.mark.parametrize("codec", ["none", "qsgd:bits=4", "topk:ratio=0.3"])
+def test_choco_late_increment_restores_copies_and_average(codec: str) -> None:
+    """A message that misses its round arrives at the next one: after ``late`` every public
+    copy sum and the network average equal those of on-time delivery (Choco's docstring)."""
+    n, d, rounds = 6, 10, 4
     table = table_from_dense(star_metropolis(n))
-    algorithm = Choco(build_compressor("qsgd:bits=4"), consensus_step=0.5, local_steps=0)
+    w = star_metropolis(n)
+    start = torch.randn(n, d, dtype=torch.float64)
+    algorithm = Choco(build_compressor(codec), consensus_step=0.5, local_steps=0)
+    state = algorithm.init(start.clone())
+    generator = torch.Generator().manual_seed(0)
+    lost = torch.zeros(table.mask.shape, dtype=torch.bool)
+    lost[3, 0] = True  # leaf 3 misses the centre's increment in round 0
+    late = None
+    for t in range(rounds):
+        if late is not None:
+            algorithm.late(state, late, late)  # one round late
+            late = None
+        message = algorithm.message(state)
+        sent = algorithm.compressor.compress(message, generator).values
+        mask = torch.as_tensor(table.mask) & ~(lost if t == 0 else torch.zeros_like(lost))
+        index = torch.as_tensor(table.index, dtype=torch.long)
+        weights = torch.as_tensor(table.weight, dtype=sent.dtype)
+        if t == 0:
+            late = _late_sums(table, sent, lost)
+            before = state.public_mix.clone()
+        algorithm.combine(state, sent, sent[index], weights, mask)
+        if t == 0:  # leaf 3's copy of the centre is behind this round
+            assert not torch.allclose(state.public_mix[3], (torch.from_numpy(w) @ state.public)[3])
+            expected = before + torch.from_numpy(w) @ sent  # the centre heard everyone
+            assert torch.allclose(state.public_mix[0], expected[0], rtol=0, atol=1e-12)
+    # every increment has arrived: the copies agree and the average is the start's
+    recomputed = torch.from_numpy(w) @ state.public
+    assert torch.allclose(state.public_mix, recomputed, rtol=0, atol=1e-12)
+    assert torch.allclose(state.x.mean(0), start.mean(0), rtol=0, atol=1e-12)
+
+
+def test_push_sum_late_mass_is_added_so_the_total_is_conserved() -> None:
+    n, d = 5, 4
+    algorithm = PushSum(local_steps=0)
+    p = np.full((n, n), 0.0)
+    for i in range(n):  # column-stochastic: each node keeps half, sends half to i + 1
+        p[i, i] = 0.5
+        p[(i + 1) % n, i] = 0.5
+    table = table_from_dense(p)
     state = algorithm.init(torch.randn(n, d, dtype=torch.float64))
-    synchronous_exchange(algorithm, state, table, generator=torch.Generator().manual_seed(0))
-    before = [t.clone() for t in (state.x, state.public, state.public_mix)]
-    delivered = torch.ones(table.mask.shape, dtype=torch.bool)
-    delivered[3, 0] = False  # leaf 3 misses the centre's message
-    delivered[2, 2] = False  # padding of leaf 2: harmless
-    with pytest.raises(
-        ValueError, match=r"choco needs reliable delivery.*neighbour slot 0 of node 3"
-    ):
-        synchronous_exchange(algorithm, state, table, delivered=delivered)
-    for old, new in zip(before, (state.x, state.public, state.public_mix)):
-        assert torch.equal(old, new)
-    delivered[3, 0] = True  # only padding is masked now: accepted
-    synchronous_exchange(algorithm, state, table, delivered=delivered)
-    peer = algorithm.init(torch.randn(d, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"1 in all, first at neighbour slot 1\)"):
-        algorithm.combine(
-            peer,
-            torch.zeros(d),
-            torch.zeros(2, d),
-            torch.tensor([0.2, 0.3]),
-            torch.tensor([True, False]),
-        )
+    total = state.x.sum(0).clone()
+    message = algorithm.message(state)
+    index = torch.as_tensor(table.index, dtype=torch.long)
+    weights = torch.as_tensor(table.weight, dtype=message.dtype)
+    lost = torch.zeros(table.mask.shape, dtype=torch.bool)
+    lost[2, 0] = True
+    mask = torch.as_tensor(table.mask) & ~lost
+    self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype)
+    algorithm.combine(state, message, message[index], weights, mask, self_weight)
+    assert not torch.allclose(state.x.sum(0), total)  # the lost mass is missing ...
+    algorithm.late(state, _late_sums(table, message, lost), _late_sums(table, message, lost))
+    assert torch.allclose(state.x.sum(0), total, atol=1e-12)  # ... until it arrives
+    assert torch.allclose(state.weight.sum(), torch.tensor(float(n), dtype=torch.float64))
+    assert torch.equal(state.z, state.x / state.weight)
+
+
+def test_a_late_model_is_dropped_by_dpsgd() -> None:
+    algorithm = DecentralizedSGD()
+    state = algorithm.init(torch.randn(3, 4))
+    before = state.x.clone()
+    algorithm.late(state, torch.ones(3, 4), torch.ones(3, 4))
+    assert torch.equal(state.x, before)
 
 
 # ----------------------------------------------------------------------------- batched == per node

@@ -1,7 +1,7 @@
 """Parity harness: one small problem run by the simulator and by N real peers on loopback.
 
 gossipnet's promise (docs/architecture.md, "One rule, two runners"): the simulator
-(``sim.gossip_runner.SynchronousGossip`` over ``sim.engine.BatchedPeers``) and N networked
+(``sim.gossip_runner.SynchronousGossip`` over ``sim.batched.BatchedPeers``) and N networked
 ``peer.Peer`` objects hold the same parameters after R rounds, given the same mixing matrix
 W, seed, data batches and initial model. This module builds both sides of that comparison:
 
@@ -21,20 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+import consensus
 import topologies
-from gossip.algorithms import DecentralizedSGD
+from gossip.algorithms import GossipAlgorithm
 from peer.config import PeerConfig
-from peer.launch import free_ports
 from peer.node import Peer
+from peer.swarm import free_ports
 from sim.algorithms import Context, OptimizerConfig
-from sim.engine import BatchedPeers
+from sim.batched import BatchedPeers
 from sim.gossip_runner import SynchronousGossip
 from sim.network import ComputeModel, Failures, Links
 from workloads import Dataset, StackedBatchSampler, build_model, load_dataset, partition
@@ -77,9 +78,9 @@ class Problem:
         data = self.data()
         return build_model(self.model, data.input_shape, data.num_classes, seed=self.seed)
 
-    def schedule(self) -> topologies.Static:
-        graph = topologies.build(self.topology, self.n)
-        return topologies.Static(topologies.mixing_matrix(graph))
+    def schedule(self) -> topologies.Schedule:
+        """The schedule a peer builds from the same spec (``PeerConfig.topology``)."""
+        return topologies.build_schedule(self.topology, self.n, seed=self.seed)
 
     def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         """A peer's optimizer factory: the simulator's ``OptimizerConfig(lr=lr)`` for one node."""
@@ -113,7 +114,7 @@ class RunResult:
     batches: list[list[Batch]]
 
 
-def simulator_context(problem: Problem) -> RecordingContext:
+def simulator_context(problem: Problem, byzantine: Sequence[int] = ()) -> RecordingContext:
     """The simulator's pieces for ``problem``, assembled as ``sim.config.build`` does: data,
     IID partition, ``BatchedPeers(init="same")``, the batch sampler and an ideal network."""
     data = problem.data()
@@ -129,16 +130,28 @@ def simulator_context(problem: Problem) -> RecordingContext:
         links=Links.uniform(n),
         compute=ComputeModel(n, step_time=0.01),
         failures=Failures(n),
-        byzantine=torch.zeros(n, dtype=torch.bool),
+        byzantine=torch.isin(torch.arange(n), torch.tensor(list(byzantine), dtype=torch.long)),
         seed=problem.seed,
     )
 
 
-def run_simulator(problem: Problem, algorithm: DecentralizedSGD, rounds: int) -> RunResult:
-    """``rounds`` rounds of ``SynchronousGossip(algorithm, problem.schedule())``."""
-    ctx = simulator_context(problem)
+def run_simulator(
+    problem: Problem,
+    algorithm: GossipAlgorithm,
+    rounds: int,
+    *,
+    byzantine: Sequence[int] = (),
+    attack: str | None = None,
+) -> RunResult:
+    """``rounds`` rounds of ``SynchronousGossip(algorithm, problem.schedule())``, with the
+    peers ``byzantine`` sending ``attack`` (a ``consensus.build_attack`` spec)."""
+    ctx = simulator_context(problem, byzantine)
     initial = ctx.peers.params.detach().clone()
-    runner = SynchronousGossip(algorithm, problem.schedule())
+    runner = SynchronousGossip(
+        algorithm,
+        problem.schedule(),
+        attack=None if attack is None else consensus.build_attack(attack),
+    )
     runner.setup(ctx)
     for _ in range(rounds):
         runner.round(ctx)
@@ -154,6 +167,7 @@ async def run_peers(
     steps: int,
     *,
     check_initial: Callable[[int, Tensor], None] | None = None,
+    per_rank: Mapping[int, Mapping[str, Any]] | None = None,
     **config: Any,
 ) -> RunResult:
     """n sync-mode peers on 127.0.0.1 over ``problem.topology``, trained ``steps`` optimizer
@@ -165,6 +179,7 @@ async def run_peers(
         steps: optimizer steps per peer (``Peer.run(steps)``).
         check_initial: called as ``check_initial(rank, vector)`` with each peer's flat
             vector before any peer starts (e.g. to assert it equals the simulator's row).
+        per_rank: more ``PeerConfig`` fields for single ranks (``{1: {"byzantine": ...}}``).
         config: more ``PeerConfig`` fields (``algorithm``, ``order``, ``local_steps``).
     """
     n = problem.n
@@ -192,6 +207,7 @@ async def run_peers(
             round_deadline_s=10.0,
             request_timeout_s=10.0,
             **config,
+            **(per_rank or {}).get(rank, {}),
         )
         peer = Peer(
             problem.build_model(),

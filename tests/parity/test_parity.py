@@ -23,7 +23,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gossip.algorithms import DecentralizedSGD, Order, local_sgd, pairwise_average
+import consensus
+from gossip.algorithms import Choco, DecentralizedSGD, Order, PushSum, local_sgd
+from gossip.compression import build_compressor
+from gossip.pairwise import pairwise_average
 from peer.config import PeerConfig
 from peer.node import Peer
 from workloads import build_model
@@ -129,6 +132,82 @@ async def test_peer_local_sgd_is_the_simulators_local_sgd() -> None:
         f"PeerConfig(algorithm='local-sgd') runs order={plan.order!r}, the simulator's "
         f"local_sgd runs {local_sgd(LOCAL_STEPS).plan.order!r}",
     )
+
+
+# --------------------------------------------------------------------------- Byzantine
+
+
+@pytest.mark.parametrize("rule", ["trimmed-mean:b=1", "median"])
+async def test_robust_dpsgd_with_one_byzantine_peer_matches_the_simulator(rule: str) -> None:
+    """D-PSGD with a robust rule (Yin et al. 2018) and one Byzantine peer sending the
+    sign-flipped model: the simulator's injection (``consensus.byzantine_messages``) and a
+    real ``--byzantine sign-flip`` peer (``consensus.byzantine_message``) put the same
+    vectors in the honest peers' inboxes, so the honest peers end alike."""
+    problem = Problem(topology="ring")
+    algorithm = DecentralizedSGD(aggregator=consensus.build(rule))
+    simulated = run_simulator(problem, algorithm, ROUNDS, byzantine=[1], attack="sign-flip")
+    networked = await run_peers(
+        problem,
+        simulated.batches,
+        steps=ROUNDS,
+        check_initial=_assert_same_start(simulated),
+        algorithm="dpsgd",
+        aggregator=rule,
+        per_rank={1: {"byzantine": "sign-flip"}},
+    )
+    honest = [0, 2, 3]
+    _assert_parity(
+        RunResult(simulated.initial[honest], simulated.final[honest], []),
+        RunResult(networked.initial[honest], networked.final[honest], []),
+        f"D-PSGD with {rule} and a sign-flip peer",
+    )
+    # the attack reached the honest peers: without it they end elsewhere
+    clean = run_simulator(problem, DecentralizedSGD(aggregator=consensus.build(rule)), ROUNDS)
+    assert max_abs_difference(clean.final[honest], simulated.final[honest]) > 100 * ATOL
+
+
+# --------------------------------------------------------------------------- push-sum
+
+
+@pytest.mark.parametrize("topology", ["exponential", "one-peer-exponential", "ring"])
+async def test_push_sum_peers_match_the_simulator(topology: str) -> None:
+    """Stochastic gradient push (Assran et al. 2019): ``[x, w]`` messages with column-
+    stochastic weights, on the directed exponential graph, the time-varying one-peer
+    exponential schedule and the ring; the model both runners train is ``z = x / w``."""
+    problem = Problem(topology=topology)
+    simulated = run_simulator(problem, PushSum(), ROUNDS)
+    networked = await run_peers(
+        problem,
+        simulated.batches,
+        steps=ROUNDS,
+        check_initial=_assert_same_start(simulated),
+        algorithm="push-sum",
+    )
+    _assert_parity(simulated, networked, f"push-sum on {topology}")
+
+
+# --------------------------------------------------------------------------- CHOCO
+
+
+@pytest.mark.parametrize(
+    "codec", ["none", "fp16", "bf16", "topk:ratio=0.3", "topk:ratio=0.3,feedback=true"]
+)
+async def test_choco_peers_match_the_simulator(codec: str) -> None:
+    """CHOCO-SGD (Koloskova et al. 2019): each node sends ``Q(x - x̂)`` and keeps
+    ``sum_j W_ij x̂_j``; the public copies stay in step over a real network."""
+    problem = Problem()
+    algorithm = Choco(build_compressor(codec), consensus_step=0.5)
+    simulated = run_simulator(problem, algorithm, ROUNDS)
+    networked = await run_peers(
+        problem,
+        simulated.batches,
+        steps=ROUNDS,
+        check_initial=_assert_same_start(simulated),
+        algorithm="choco",
+        codec=codec,
+        consensus_step=0.5,
+    )
+    _assert_parity(simulated, networked, f"CHOCO with {codec}")
 
 
 # --------------------------------------------------------------------------- AD-PSGD

@@ -124,14 +124,19 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
     ("args", "message"),
     [
         (["--id", "a b"], "--id must be"),
-        (["--id", "a", "--algorithm", "choco"], "--algorithm 'choco' runs only in the simulator"),
+        (["--id", "a", "--algorithm", "choco"], "--topology is required for choco"),
         (["--id", "a", "--algorithm", "sgd"], "--algorithm must be one of ['ad-psgd', 'dpsgd'"),
         (["--id", "a", "--algorithm", "dpsgd", "--mode", "async"], "--mode 'async' contradicts"),
         (
             ["--id", "a", "--algorithm", "local-sgd", "--local-steps", "1"],
             "--local-steps: must be an integer >= 2 for local-sgd",
         ),
-        (["--id", "a", "--algorithm", "push-sum", "--aggregator", "krum"], "runs only in the"),
+        (
+            ["--id", "a", "--algorithm", "push-sum", "--aggregator", "krum"],
+            "--aggregator: is not used by push-sum",
+        ),
+        (["--id", "a", "--byzantine", "nosuch", "--mode", "sync"], "--byzantine: unknown attack"),
+        (["--id", "a", "--byzantine", "sign-flip"], "--byzantine needs a synchronous algorithm"),
         (
             ["--id", "a", "--aggregator", "trimmed-mean:b=1"],
             "--aggregator: trimmed-mean:b=1 cannot run: trimmed-mean needs n > 2b, got n=2",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import topologies
-from peer.launch import free_ports
+from peer.swarm import free_ports
 from peer.topology import TopologyNeighbours, read_peer_list, topology_names
 
 from .conftest import started_peer
