@@ -132,6 +132,10 @@ class GossipAlgorithm(Protocol[StateT]):
     plan: RoundPlan
     compressor: Compressor
     aggregator: Aggregator
+    message_is_model: bool
+    """Whether a message is the node's model itself (then any snapshot of the model is a
+    valid message, e.g. a peer's answer before its first round); False for push-sum's
+    ``[x, w]`` and CHOCO's increments, which the rule must account for."""
 
     def init(self, x: Tensor) -> StateT: ...
     def message_size(self, d: int) -> int: ...
@@ -224,6 +228,7 @@ class DecentralizedSGD:
     """
 
     name = "dpsgd"
+    message_is_model = True
 
     def __init__(
         self,
@@ -319,6 +324,7 @@ class PushSum:
     """
 
     name = "push-sum"
+    message_is_model = False
 
     def __init__(
         self,
@@ -446,6 +452,7 @@ class Choco:
     """
 
     name = "choco"
+    message_is_model = False
 
     def __init__(
         self,

@@ -874,9 +874,13 @@ class Peer:
                 self._delivered[envelope.sender] = max(
                     reply.round, self._delivered.get(envelope.sender, -1)
                 )
-        if reply is None:  # no round of ours yet: nothing the rule has accounted for to send
-            raise Busy(f"{self.peer_id} has not published a round yet")
+        if reply is None:  # no round of ours yet
+            if not self.algorithm.message_is_model:  # nothing the rule has accounted for
+                raise Busy(f"{self.peer_id} has not published a round yet")
+            reply = self._envelope(await asyncio.to_thread(self._snapshot))
         if self.attack is not None:
+            if self._sent is None:
+                raise Busy(f"{self.peer_id} has not published a round yet")
             reply = await self._attacked(reply, envelope.sender, vector)
         return reply
 
