@@ -27,7 +27,6 @@ from gossip.algorithms import (
     PushSumState,
     RoundPlan,
     local_sgd,
-    synchronous_exchange,
 )
 from gossip.compression import (
     COMPRESSORS,
@@ -106,5 +105,4 @@ __all__ = [
     "describe_compressors",
     "local_sgd",
     "pairwise_average",
-    "synchronous_exchange",
 ]

@@ -3,7 +3,7 @@
 The runner protocol
 ===================
 
-Every algorithm is a small object with four methods over the vector convention
+Every algorithm is a small object with these methods over the vector convention
 (``*`` = all n nodes in the simulator, nothing on a peer) and a :class:`RoundPlan`:
 
 ``state = algorithm.init(x)``
@@ -22,13 +22,18 @@ Every algorithm is a small object with four methods over the vector convention
     ``mask [*, k]`` False for padding and for messages that missed the deadline, and
     ``self_weight [*]`` W_ii (only push-sum reads it; row-stochastic rules use the implicit
     ``1 - sum_j W_ij mask_j``). Updates ``state`` in place and returns it.
+``algorithm.late(state, arrived, missed) -> state``
+    At the start of an exchange, the messages that missed earlier rounds:
+    ``arrived = sum_j W_ij m_j``, ``missed = sum_j r_j W_ij m_j`` (r_j rounds late). D-PSGD
+    drops them, push-sum adds the mass, CHOCO the increments (docs/algorithms.md).
+``algorithm.message_size(d)``, ``algorithm.message_is_model``
+    What a message holds (``m``), and whether it is the model itself.
 
 Between ``message`` and ``combine`` the runner transports: with ``c = algorithm.compressor``,
 the simulator calls ``c.compress(message, generator)`` (``.values`` is ``sent``; gather rows
-with the neighbour table's ``index`` for ``received``; ``.wire_bytes`` per row), a peer calls
-``payload, sent = c.encode_and_decode(message, generator)``, posts ``payload`` and decodes
-each neighbour's payload with ``c.decode(payload, m)``. :func:`synchronous_exchange` is the
-whole exchange for a simulator-style batch in one call.
+with the neighbour table's ``index`` for ``received``), a peer encodes ``message`` once,
+decodes its own payload as ``sent``, posts the payload and decodes each neighbour's. Both
+runners charge or send exactly the envelope of ``gossip.compression.envelope``.
 
 The plan says when gradients are taken, when the optimizer steps and when to exchange:
 :meth:`RoundPlan.phases` lists, for one round, ``"gradient"`` (loss gradient at
@@ -45,9 +50,9 @@ the algorithm. The local optimizer is any torch optimizer: a peer gives it
 element-wise optimizers (SGD, momentum, Nesterov, Adam, AdamW) is exactly n per-node
 optimizers.
 
-Pairwise gossip and AD-PSGD exchange with one partner at a time: :func:`average_pair` is what
-the two peers agree on, :func:`pairwise_average` applies a matching (disjoint pairs) to a
-batch at once; as a neighbour table a matching is ``k = 1`` with weight ``1/2``, so
+Pairwise gossip and AD-PSGD exchange with one partner at a time: :mod:`gossip.pairwise`
+holds the callee's answer and the caller's update, batched over disjoint pairs for the
+simulator; as a neighbour table a matching is ``k = 1`` with weight ``1/2``, so
 :class:`DecentralizedSGD` with such a table is pairwise averaging too.
 """
 
@@ -79,7 +84,6 @@ __all__ = [
     "RoundPlan",
     "local_sgd",
     "neighbourhood_fits",
-    "synchronous_exchange",
 ]
 
 Order = Literal["combine-then-adapt", "adapt-then-combine"]
@@ -123,7 +127,7 @@ StateT = TypeVar("StateT")
 
 
 class GossipAlgorithm(Protocol[StateT]):
-    """What :func:`synchronous_exchange`, the simulator and the peer drive (see module doc).
+    """What the simulator and the peer drive (see module doc).
 
     Generic in the algorithm's state type; a bare ``GossipAlgorithm`` accepts any of them.
     """
@@ -544,39 +548,3 @@ class NeighbourTableLike(Protocol):
     def mask(self) -> np.ndarray | Tensor: ...
     @property
     def self_weight(self) -> np.ndarray | Tensor: ...
-
-
-def synchronous_exchange(
-    algorithm: GossipAlgorithm[StateT],
-    state: StateT,
-    table: NeighbourTableLike,
-    *,
-    generator: torch.Generator | None = None,
-    delivered: Tensor | None = None,
-) -> int:
-    """One synchronous exchange of all n nodes: message, compress, gather, combine.
-
-    Args:
-        algorithm, state: an algorithm and its batched state (leading dimension n).
-        table: who receives whom: ``index [n, k]``, ``weight [n, k]``, ``mask [n, k]``,
-            ``self_weight [n]``.
-        generator: randomness of stochastic codecs.
-        delivered: optional ``[n, k]`` bool, False for messages lost in transit (and-ed
-            with ``table.mask``).
-    Returns the bytes each node put on the wire (one payload per node, broadcast).
-    """
-    message = algorithm.message(state)
-    n = message.shape[0]
-    device = message.device
-    index = torch.as_tensor(table.index, dtype=torch.int64, device=device)
-    if index.dim() != 2 or index.shape[0] != n:
-        raise ValueError(f"table.index must have shape [n={n}, k], got {tuple(index.shape)}")
-    weights = torch.as_tensor(table.weight, dtype=message.dtype, device=device)
-    mask = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
-    self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype, device=device)
-    if delivered is not None:
-        mask = mask & torch.as_tensor(delivered, dtype=torch.bool, device=device)
-    compressed = algorithm.compressor.compress(message, generator)
-    sent = compressed.values
-    algorithm.combine(state, sent, sent[index], weights, mask, self_weight)
-    return compressed.wire_bytes

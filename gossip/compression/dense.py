@@ -29,6 +29,23 @@ from gossip.compression.wire_dtypes import (
 __all__ = ["BFloat16", "Float16", "NoCompression"]
 
 
+def _dense_fields(
+    payload: Mapping[str, Any], d: int, allowed: tuple[str, ...], why: str
+) -> dict[str, Tensor]:
+    """A dense payload's ``data``: d finite values of one of the ``allowed`` wire dtypes."""
+    wire = read_field(payload, "dtype", str)
+    if wire not in allowed:
+        expected = repr(allowed[0]) if len(allowed) == 1 else f"one of {list(allowed)}"
+        raise PayloadError(
+            "dtype",
+            f"payload field 'dtype' must be {expected}{why}, got {wire!r:.40}",
+            field="dtype",
+        )
+    data = from_bytes(read_field(payload, "data", bytes), wire, d, "data")
+    require_finite(data, "data")
+    return {"data": data}
+
+
 class NoCompression(Compressor):
     """Send x as is, in its own dtype (float64/32/16 or bfloat16): ``C(x) = x``.
 
@@ -57,16 +74,7 @@ class NoCompression(Compressor):
         return {"dtype": wire, "data": to_bytes(fields["data"], wire)}
 
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
-        wire = read_field(payload, "dtype", str)
-        if wire not in WIRE_DTYPES:
-            raise PayloadError(
-                "dtype",
-                f"payload field 'dtype' must be one of {list(WIRE_DTYPES)}, got {wire!r:.40}",
-                field="dtype",
-            )
-        data = from_bytes(read_field(payload, "data", bytes), wire, d, "data")
-        require_finite(data, "data")
-        return {"data": data}
+        return _dense_fields(payload, d, tuple(WIRE_DTYPES), "")
 
 
 class _Cast(Compressor):
@@ -90,17 +98,7 @@ class _Cast(Compressor):
         return {"dtype": self.wire_dtype, "data": to_bytes(fields["data"], self.wire_dtype)}
 
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
-        wire = read_field(payload, "dtype", str)
-        if wire != self.wire_dtype:
-            raise PayloadError(
-                "dtype",
-                f"payload field 'dtype' must be {self.wire_dtype!r} for codec {self.codec!r}, "
-                f"got {wire!r:.40}",
-                field="dtype",
-            )
-        data = from_bytes(read_field(payload, "data", bytes), wire, d, "data")
-        require_finite(data, "data")
-        return {"data": data}
+        return _dense_fields(payload, d, (self.wire_dtype,), f" for codec {self.codec!r}")
 
 
 class Float16(_Cast):

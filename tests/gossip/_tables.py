@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from gossip.algorithms import GossipAlgorithm, NeighbourTableLike
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,41 @@ def directed_exponential(n: int) -> np.ndarray:
         for i in targets:
             p[i, j] += 1.0 / len(targets)
     return p
+
+
+def synchronous_exchange(
+    algorithm: GossipAlgorithm[Any],
+    state: Any,
+    table: NeighbourTableLike,
+    *,
+    generator: torch.Generator | None = None,
+    delivered: Tensor | None = None,
+) -> int:
+    """One synchronous exchange of all n nodes: message, compress, gather, combine (the
+    reference driver these tests check rules with; the runners are sim.gossip_runner and
+    peer, compared with each other in tests/parity).
+
+    Args:
+        algorithm, state: an algorithm and its batched state (leading dimension n).
+        table: who receives whom: ``index [n, k]``, ``weight [n, k]``, ``mask [n, k]``,
+            ``self_weight [n]``.
+        generator: randomness of stochastic codecs.
+        delivered: optional ``[n, k]`` bool, False for messages lost in transit (and-ed
+            with ``table.mask``).
+    Returns the bytes each node put on the wire (one payload per node, broadcast).
+    """
+    message = algorithm.message(state)
+    n = message.shape[0]
+    device = message.device
+    index = torch.as_tensor(table.index, dtype=torch.int64, device=device)
+    if index.dim() != 2 or index.shape[0] != n:
+        raise ValueError(f"table.index must have shape [n={n}, k], got {tuple(index.shape)}")
+    weights = torch.as_tensor(table.weight, dtype=message.dtype, device=device)
+    mask = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
+    self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype, device=device)
+    if delivered is not None:
+        mask = mask & torch.as_tensor(delivered, dtype=torch.bool, device=device)
+    compressed = algorithm.compressor.compress(message, generator)
+    sent = compressed.values
+    algorithm.combine(state, sent, sent[index], weights, mask, self_weight)
+    return compressed.wire_bytes

@@ -20,7 +20,6 @@ from gossip.algorithms import (
     PushSum,
     RoundPlan,
     local_sgd,
-    synchronous_exchange,
 )
 from gossip.compression import build_compressor
 from gossip.flat import FlatParameters, ParameterLayout
@@ -31,6 +30,7 @@ from ._tables import (
     complete_uniform,
     directed_exponential,
     ring_metropolis,
+    synchronous_exchange,
     table_from_dense,
 )
 
