@@ -269,7 +269,8 @@ class AsynchronousGossip:
     inputs and its codec), the same halves a peer runs: the caller sends ``C(x_i)``, the
     callee adopts ``aggregator(x_j, C(x_i))`` and answers it compressed, the caller adopts
     the answer. Each side of a pair is charged one message of the codec's real encoded size
-    (``compressor.wire_bytes(d)``), which is also the size the event timing transfers.
+    (``compressor.wire_bytes(d)``) in the envelope a peer sends it in
+    (``gossip.compression.envelope``); the event timing transfers the payload's size.
 
     Args:
         schedule: its round-0 neighbour table says who may pair with whom.
@@ -359,11 +360,19 @@ class AsynchronousGossip:
         active = torch.zeros(ctx.n, dtype=torch.bool, device=ctx.device)
         active[peers] = True
         masked_step(self.optimizer, self.parameters, active)
-        np.add.at(ctx.step_count, peers.cpu().numpy(), 1)
+        # what peer-i's envelope weighs now: an AD-PSGD peer's round and step counters both
+        # count its exchanges so far (gradient, exchange, step), as its envelope carries them
+        bodies = launch_envelope_bytes(
+            self.message_bytes,
+            round=ctx.step_count,
+            steps=ctx.step_count,
+            codec=self.exchange.compressor.codec,
+        )
         for e in wave:
             if e.partner >= 0:
-                sent[e.peer] += self.message_bytes  # the caller's payload
-                sent[e.partner] += self.message_bytes  # the callee's answer
+                sent[e.peer] += bodies[e.peer]  # the caller's envelope
+                sent[e.partner] += bodies[e.partner]  # the callee's answer
+        np.add.at(ctx.step_count, peers.cpu().numpy(), 1)
         return losses
 
     def models(self, ctx: Context) -> Tensor:

@@ -105,7 +105,7 @@ def envelope_fields(
 def _envelope_bytes(
     payload_bytes: int,
     sender_bytes: np.ndarray,
-    round: int,
+    round: ArrayLike,
     steps: ArrayLike,
     codec: str,
     version: int,
@@ -118,11 +118,11 @@ def _envelope_bytes(
         _MAP_HEADER
         + _KEY_BYTES
         + int(_int_bytes(_ints("version", version)).sum())
-        + int(_int_bytes(_ints("round", round)).sum())
         + int(_str_bytes(np.array([len(codec.encode())]))[0])
         + int(payload_bytes)
     )
-    return fixed + _str_bytes(sender_bytes) + _int_bytes(_ints("steps", steps))
+    rounds = _int_bytes(_ints("round", round))  # one round for all, or one per sender
+    return fixed + rounds + _str_bytes(sender_bytes) + _int_bytes(_ints("steps", steps))
 
 
 def envelope_bytes(
@@ -167,15 +167,16 @@ def _launch_id_bytes(n: int) -> np.ndarray:
 def launch_envelope_bytes(
     payload_bytes: int,
     *,
-    round: int,
+    round: ArrayLike,
     steps: ArrayLike,
     codec: str,
     version: int = PROTOCOL_VERSION,
 ) -> np.ndarray:
     """``[n]`` int64: the envelope size each peer ``peer-{i}`` of a launched swarm sends.
 
-    ``steps [n]`` are the senders' step counters; ``round``, ``codec`` and the payload's
-    size are the same for every sender. Element i equals :func:`envelope_bytes` with
+    ``steps [n]`` are the senders' step counters, ``round`` one round for all (synchronous
+    rounds) or one per sender ``[n]`` (AD-PSGD peers count their own); ``codec`` and the
+    payload's size are the same for every sender. Element i equals :func:`envelope_bytes` with
     ``sender=launch_peer_id(i)`` and ``step=steps[i]``.
     """
     counters = _ints("steps", steps)

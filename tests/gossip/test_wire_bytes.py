@@ -131,6 +131,15 @@ def test_launch_sizes_are_envelope_bytes_of_the_launch_ids() -> None:
     ]
 
 
+def test_launch_sizes_take_one_round_per_sender_as_ad_psgd_peers_count_them() -> None:
+    counters = np.array([0, 127, 128, 300, 70_000, 2**33])
+    sizes = launch_envelope_bytes(500, round=counters, steps=counters, codec="fp16")
+    assert sizes.tolist() == [
+        envelope_bytes(500, sender=f"peer-{i}", round=int(c), step=int(c), codec="fp16")
+        for i, c in enumerate(counters)
+    ]
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
