@@ -10,8 +10,11 @@ Modules: :mod:`peer.wire` (versioned msgpack envelope, raw tensor bytes, size
 caps), :mod:`peer.auth` (HMAC-SHA256 signatures, TLS contexts),
 :mod:`peer.server` / :mod:`peer.client` (the ``/v1`` endpoints),
 :mod:`peer.membership`, :mod:`peer.checkpoint`, :mod:`peer.codecs`,
-:mod:`peer.config`, :mod:`peer.node` (:class:`Peer`). The protocol is written
-down in docs/protocol.md and peer/openapi.yaml.
+:mod:`peer.config`, :mod:`peer.node` (:class:`Peer`, a facade over its rooms:
+:mod:`peer.core`, :mod:`peer.trainer`, :mod:`peer.pairwise`, :mod:`peer.sync_round`,
+:mod:`peer.handlers`, :mod:`peer.training_state`), :mod:`peer.cli` (``gossipnet
+peer``, running through :mod:`peer.run`). The protocol is written down in
+docs/protocol.md and peer/openapi.yaml.
 """
 
 from peer.config import PeerConfig

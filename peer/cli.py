@@ -23,37 +23,37 @@ Example, two peers on one machine::
     gossipnet peer --id a --port 7000 --secret-file swarm.secret --num-peers 2 --peer-index 0 &
     gossipnet peer --id b --port 7001 --join 127.0.0.1:7000 --secret-file swarm.secret \\
         --num-peers 2 --peer-index 1 --steps 500
+
+This module is the parser and :func:`main` (flags checked, mapped onto a
+``PeerConfig``); :mod:`peer.run` builds the peer and runs it, :mod:`peer.logs` sets
+up logging.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import logging
 import re
-import signal
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from gossip.algorithms import ORDERS
 from peer.codecs import DENSE_CODECS
-from peer.config import ALGORITHMS, MODES, PeerConfig, resolve_device
-from peer.node import Peer
+from peer.config import ALGORITHMS, MODES, PeerConfig
+from peer.logs import configure_logging
+from peer.run import build_peer, human_bytes, run_peer
 from peer.topology import read_peer_list, topology_names
-from workloads import Dataset, build_model, load_dataset, partition, peer_batches
+from peer.usage import OneLineParser
+
+# human_bytes lives in peer.run; peer.status and peer.progress import it from here
+__all__ = ["CONFIG_FIELDS", "FLAG_NAMES", "flag_message", "human_bytes", "main"]
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog,
         usage="%(prog)s --id ID [--port PORT] [--join HOST:PORT] [--steps N] [options]",
         description=(
@@ -229,34 +229,6 @@ def flag_message(error: Exception) -> str:
     )
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message (and exception text)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": round(record.created, 3),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def configure_logging(level: str, as_json: bool) -> None:
-    """Log to stderr at ``level``, as text or one JSON object per line."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if as_json
-        else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-
-
 def _network(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """host, port, advertise, join and peer_list: from the flags, or from ``--peers``/``--rank``."""
     network: dict[str, Any] = {
@@ -297,6 +269,7 @@ def _network(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
 
 
 def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
+    """Parse ``argv``, check it, build the peer and run it; returns the exit code."""
     parser = _parser(prog)
     args = parser.parse_args(list(argv))
     configure_logging("INFO" if args.verbose else args.log_level, args.log_json)
@@ -320,175 +293,14 @@ def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
             f"--peer-index must be in [0, --num-peers={args.num_peers}), got {args.peer_index}"
         )
     try:
-        peer, data = _build_peer(args, config)
+        peer, data = build_peer(args, config)
     except (ValueError, OSError) as error:
         parser.error(flag_message(error) if "PeerConfig." in str(error) else str(error))
     try:
-        return asyncio.run(_run(peer, data, args))
+        return asyncio.run(run_peer(peer, data, args))
     except ConnectionError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
-
-
-def _build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
-    torch.set_num_threads(1)
-    data = load_dataset(args.dataset)
-    shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
-    model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
-    lr, momentum = args.lr, args.momentum
-
-    def optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
-
-    batches = peer_batches(
-        data,
-        shards[args.peer_index],
-        batch_size=args.batch_size,
-        seed=args.seed,
-        peer=args.peer_index,
-    )
-    try:  # checked when a peer is built; named by flag here
-        resolve_device(config.device)
-    except ValueError as error:
-        raise ValueError(f"--device: {error}") from None
-    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
-    return peer, data
-
-
-async def _run(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
-    await peer.start()
-    rate = _Rate(peer)
-    progress = asyncio.ensure_future(_live_line(peer, rate, stop)) if live else None
-    try:
-        where = peer.address or "(client-only)"
-        print(f"peer {peer.peer_id} listening on {where}", flush=True)
-        if peer.resumed_from is not None:
-            print(f"resumed from {peer.resumed_from} at step {peer.step}", flush=True)
-        if args.address_file and peer.address:
-            temp = Path(args.address_file + ".tmp")
-            temp.write_text(peer.address)
-            temp.replace(args.address_file)
-        stopping = asyncio.ensure_future(stop.wait())
-        if args.wait_for_peers:
-            waiting = asyncio.ensure_future(peer.wait_for_members(args.wait_for_peers))
-            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-        target = peer.step + args.steps if args.steps else None
-        while not stop.is_set() and (target is None or peer.step < target):
-            chunk = (
-                args.status_every if target is None else min(args.status_every, target - peer.step)
-            )
-            training = asyncio.ensure_future(peer.run(steps=chunk))
-            await asyncio.wait({training, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if stop.is_set():
-                training.cancel()
-                await asyncio.gather(training, return_exceptions=True)
-                break
-            training.result()
-            if not live:
-                print(json.dumps(_status_line(peer, rate)), flush=True)
-        if args.hold and not stop.is_set():
-            print(json.dumps({**_status_line(peer, rate), "holding": True}), flush=True)
-            await stopping
-        stopping.cancel()
-    finally:
-        if progress is not None:
-            progress.cancel()
-            await asyncio.gather(progress, return_exceptions=True)
-        await peer.stop()
-    final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
-    if args.eval_out:
-        result = await asyncio.to_thread(peer.evaluate, data.x_test, data.y_test)
-        report = {
-            "id": peer.peer_id,
-            "step": peer.step,
-            "test_loss": result["loss"],
-            "test_accuracy": result["accuracy"],
-            "test_samples": int(result["samples"]),
-            "batch_size": args.batch_size,
-            "exchanges_ok": peer.health.exchanges_ok,
-            "exchanges_failed": peer.health.exchanges_failed,
-            "isolated": peer.health.isolated,
-            "byzantine": peer.config.byzantine,
-        }
-        temp = Path(args.eval_out + ".tmp")
-        temp.write_text(json.dumps(report))
-        temp.replace(args.eval_out)
-        final["test_accuracy"] = result["accuracy"]
-    print(json.dumps(final), flush=True)
-    return 0
-
-
-class _Rate:
-    """Bytes per second (in + out) since the previous reading."""
-
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
-        self.last = (time.monotonic(), self._total())
-        self.value = 0.0
-
-    def _total(self) -> float:
-        return self.peer.metrics.bytes_total("in") + self.peer.metrics.bytes_total("out")
-
-    def read(self) -> float:
-        now, total = time.monotonic(), self._total()
-        then, before = self.last
-        if now - then >= 0.2:
-            self.value = (total - before) / (now - then)
-            self.last = (now, total)
-        return self.value
-
-
-async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
-    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s."""
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    def line() -> Text:
-        status = _status_line(peer, rate)
-        loss = status["loss"]
-        neighbours = status["neighbours"]
-        assert isinstance(neighbours, list)
-        return Text(
-            f"peer {peer.peer_id}  step {status['step']}  "
-            f"loss {'-' if loss is None else f'{loss:.4f}'}  "
-            f"neighbours {len(neighbours)}  {human_bytes(rate.read())}/s"
-        )
-
-    with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
-        try:
-            while not stop.is_set():
-                live.update(line(), refresh=True)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.5)
-        finally:  # the last frame stays on screen: the final state
-            live.update(line(), refresh=True)
-
-
-def human_bytes(value: float) -> str:
-    """``1536`` -> ``"1.5 KB"`` (powers of 1000, as network rates are quoted)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(value) < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} GB"  # pragma: no cover
-
-
-def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
-    status = peer.status()
-    line = {
-        key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
-    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
-    if rate is not None:
-        line["bytes_per_s"] = round(rate.read(), 1)
-    return line
 
 
 if __name__ == "__main__":

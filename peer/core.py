@@ -1,0 +1,174 @@
+"""``PeerCore``: the parts of a peer that all its rooms share, built from its config.
+
+A :class:`~peer.node.Peer` is this core plus its rooms, each a mixin over it:
+:mod:`peer.pairwise` (the async exchange), :mod:`peer.sync_round` (the synchronous
+round), :mod:`peer.handlers` (what the server calls); :mod:`peer.node` adds the
+lifecycle, the membership joins and the round loop. The core holds
+
+* the trainer (:class:`~peer.trainer.Trainer`: model, flat buffer, optimizer, lock,
+  step, loss), whose references it exposes as ``model``, ``flat``, ``optimizer``,
+  ``lock``, ``step`` and ``loss``;
+* what is built once from :class:`~peer.config.PeerConfig`: the wire spec and body cap,
+  the codec (seeded per peer) and the receiving codecs, the update rule and its state
+  (the same object the simulator builds, ``gossip.configuration.build_algorithm``),
+  the topology's neighbours, the secret and verifier, the Byzantine attack, metrics,
+  exchange health and membership;
+* the helpers every exchange uses: the round's neighbours, envelopes, the client, and
+  the bookkeeping of a failed call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from typing import Any
+
+import torch
+
+import consensus
+from gossip.configuration import build_algorithm
+from peer.auth import RequestVerifier, load_secret
+from peer.client import PeerClient
+from peer.codecs import build_codec, receiving_codecs
+from peer.config import PeerConfig
+from peer.health import ExchangeHealth
+from peer.membership import Member, Membership
+from peer.metrics import PeerMetrics
+from peer.topology import TopologyNeighbours
+from peer.trainer import Trainer
+from peer.wire import Envelope, ModelSpec, max_body_bytes
+
+logger = logging.getLogger(__name__)
+
+HEALTH_WINDOW_ROUNDS = 5
+"""A peer with no successful exchange in this many rounds in a row is *isolated* (logged)."""
+
+
+def _derived_seed(seed: int, peer_id: str) -> int:
+    """A 63-bit seed from (seed, peer id): peers of one swarm seed differently, reproducibly."""
+    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class PeerCore:
+    """The shared parts of a peer (see the module docstring), around its ``trainer`` and
+    built from its ``config``; :class:`~peer.node.Peer` makes both from its arguments."""
+
+    def __init__(self, trainer: Trainer, config: PeerConfig) -> None:
+        self.config = config
+        self.peer_id = config.peer_id
+        self.device = trainer.device
+        self.trainer = trainer
+        """Local training: batches, gradient, optimizer step, evaluation (:mod:`peer.trainer`)."""
+        self.model = self.trainer.model
+        self.flat = self.trainer.flat
+        self.optimizer = self.trainer.optimizer
+        self.loss_fn = self.trainer.loss_fn
+        self.train_data = self.trainer.train_data
+        self.lock = self.trainer.lock
+        """Guards the model, gradient and optimizer: hold it while training by hand."""
+        self.spec = ModelSpec.of(self.flat.vector)
+        self.max_concurrent_exchanges = config.max_concurrent_exchanges
+        self.max_body_bytes = max_body_bytes(self.spec.num_bytes, factor=config.max_body_factor)
+        self.codec = build_codec(
+            config.gossip.compressor or "none", seed=_derived_seed(config.seed, config.peer_id)
+        )
+        self.codecs = receiving_codecs()
+        # the same rule object the simulator builds for this configuration
+        self.algorithm = build_algorithm(config.gossip)
+        self.aggregator = self.algorithm.aggregator
+        self.gossip_state = self.algorithm.init(self.flat.vector)
+        self.message_spec = ModelSpec(
+            numel=self.algorithm.message_size(self.spec.numel), dtype=self.spec.dtype
+        )
+        """What a sync message holds (the model, or push-sum's ``[x, w]``)."""
+        self.topology = (
+            TopologyNeighbours(
+                config.topology,
+                config.peer_list,
+                config.rank if config.rank is not None else -1,
+                weights=config.topology_weights,
+                seed=config.seed,
+            )
+            if config.topology is not None
+            else None
+        )
+        self.secret = (
+            config.secret if config.secret is not None else load_secret(config.secret_file)
+        )
+        self.verifier = (
+            RequestVerifier(self.secret, clock_window_s=config.clock_window_s)
+            if self.secret is not None
+            else None
+        )
+        self.metrics = PeerMetrics(self.peer_id)
+        self.attack = None if config.byzantine is None else consensus.build_attack(config.byzantine)
+        """The attack this peer runs instead of honest messages (evaluation only), or None."""
+        self._attack_generator = torch.Generator().manual_seed(
+            _derived_seed(config.seed + 1, config.peer_id)
+        )
+        self.metrics.byzantine.set(0 if self.attack is None else 1)
+        self.health = ExchangeHealth(self.peer_id, window=HEALTH_WINDOW_ROUNDS)
+        """Exchanges that succeeded / failed per round; isolation (:mod:`peer.health`)."""
+        self.membership = Membership(
+            self.peer_id,
+            None,
+            suspect_after=config.suspect_after,
+            evict_after=config.evict_after,
+        )
+        self.round = 0
+        self.address: str | None = None
+        self._rng = random.Random(f"{config.seed}:{self.peer_id}")
+        self.client: PeerClient | None = None
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the trainer's count)."""
+        return self.trainer.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.trainer.step = value
+
+    @property
+    def loss(self) -> float:
+        """The loss of the last training batch (NaN before the first)."""
+        return self.trainer.loss
+
+    # ------------------------------------------------------------------ shared helpers
+
+    def _client(self) -> PeerClient:
+        if self.client is None:
+            raise RuntimeError("peer is not started: await peer.start() first")
+        return self.client
+
+    def _failed(self, member: Member, error: Exception) -> None:
+        status = self.membership.record_failure(member.id)
+        logger.info(
+            "peer %s: call to %s failed (%s), now %s", self.peer_id, member.id, error, status
+        )
+
+    def _neighbours(self) -> list[Member]:
+        """Members to exchange with this round: the view, or the topology's partners in it."""
+        members = self.membership.neighbours()
+        if self.topology is None:
+            return members
+        partners = self.topology.partners(self.round)
+        return [m for m in members if m.address in partners]
+
+    def _snapshot(self) -> torch.Tensor:
+        with self.lock:
+            return self.flat.vector.clone()
+
+    def _envelope(self, vector: torch.Tensor) -> Envelope:
+        return self._envelope_of(self.codec.encode(vector.cpu()))
+
+    def _envelope_of(self, payload: dict[str, Any]) -> Envelope:
+        return Envelope(
+            sender=self.peer_id,
+            round=self.round,
+            step=self.step,
+            codec=self.codec.name,
+            payload=payload,
+        )

@@ -1,0 +1,106 @@
+"""What a peer's server calls: the ``peer.server.Service`` side of a :class:`~peer.node.Peer`.
+
+:func:`peer.server.build_app` validates every request (signature, size caps, envelope,
+payload) and then calls one of these; they answer from the peer's state:
+
+* ``on_exchange`` (``POST /v1/exchange``): the async callee (:mod:`peer.pairwise`) or
+  the sync callee (:mod:`peer.sync_round`), as ``PeerConfig.mode`` says;
+* ``on_join`` (``POST /v1/join``): admit the newcomer, answer with the membership view;
+* ``peers_view`` (``GET /v1/peers``), ``state_envelope`` (``GET /v1/state``: the model,
+  uncompressed, for a newcomer to start from);
+* ``status`` (``GET /v1/status``) and ``render_metrics`` (``GET /metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import torch
+
+from peer.codecs import DenseCodec
+from peer.errors import InvalidSender, MalformedBody, UnknownPeer
+from peer.membership import check_address
+from peer.pairwise import PairwiseExchange
+from peer.sync_round import SyncRound
+from peer.wire import PROTOCOL_VERSION, Envelope, check_sender
+
+
+class ServerHandlers(PairwiseExchange, SyncRound):
+    """The server-facing room of a :class:`~peer.node.Peer` (``peer.server.Service``)."""
+
+    async def on_exchange(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
+        """Serve ``POST /v1/exchange`` (the body is already validated)."""
+        self.membership.observe(envelope.sender)
+        if self.config.mode == "async":
+            return await self._pairwise_answer(envelope, vector)
+        return await self._sync_answer(envelope, vector)
+
+    def on_join(self, peer_id: object, address: object) -> list[dict[str, Any]]:
+        """Serve ``POST /v1/join``: admit (or re-admit) the newcomer, answer with our view."""
+        if not isinstance(peer_id, str):
+            raise InvalidSender(f"id must be a string, got {peer_id!r:.40}")
+        check_sender(peer_id)
+        if peer_id == self.peer_id:
+            raise UnknownPeer(f"id {peer_id!r} is already this peer's id; pick another")
+        if address is not None:
+            try:
+                check_address(address)
+            except ValueError as error:
+                raise MalformedBody(str(error)) from None
+        self.membership.observe(peer_id, address if isinstance(address, str) else None)
+        return self.membership.view()
+
+    def peers_view(self) -> list[dict[str, Any]]:
+        """Serve ``GET /v1/peers``: the membership view."""
+        return self.membership.view()
+
+    async def state_envelope(self) -> Envelope:
+        """Serve ``GET /v1/state``: the current model, uncompressed."""
+        vector = await asyncio.to_thread(self._snapshot)
+        return Envelope(
+            sender=self.peer_id,
+            round=self.round,
+            step=self.step,
+            codec="none",
+            payload=DenseCodec().encode(vector.cpu()),
+        )
+
+    def status(self) -> dict[str, Any]:
+        """Serve ``GET /v1/status``: progress, configuration, neighbours, traffic, health
+        (and refresh the member and health gauges of ``/metrics``)."""
+        counts = self.membership.counts()
+        for status, count in counts.items():
+            self.metrics.members.labels(status=status).set(count)
+        self.metrics.isolated.set(int(self.health.isolated))
+        self.metrics.rounds_without_exchange.set(self.health.rounds_without_exchange)
+        return {
+            "v": PROTOCOL_VERSION,
+            "id": self.peer_id,
+            "address": self.address,
+            "mode": self.config.mode,
+            "round": self.round,
+            "step": self.step,
+            "loss": None if math.isnan(self.loss) else self.loss,
+            "parameters": self.spec.numel,
+            "dtype": str(self.spec.dtype).removeprefix("torch."),
+            "codec": self.codec.name,
+            "aggregator": self.config.aggregator,
+            "algorithm": self.config.algorithm,
+            "local_steps": self.config.local_steps,
+            "topology": self.config.topology,
+            "rank": self.config.rank,
+            "device": str(self.device),
+            "neighbours": [m.to_json() for m in self.membership.members()],
+            "bytes_in": self.metrics.bytes_total("in"),
+            "bytes_out": self.metrics.bytes_total("out"),
+            "authenticated": self.secret is not None,
+            "byzantine": self.config.byzantine,
+            **self.health.to_json(),
+        }
+
+    def render_metrics(self) -> bytes:
+        """Serve ``GET /metrics``: the Prometheus text (gauges refreshed first)."""
+        self.status()  # refreshes the member gauges
+        return self.metrics.render()

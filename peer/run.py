@@ -1,0 +1,205 @@
+"""One ``gossipnet peer`` run from its parsed flags: build the peer, train, report.
+
+:func:`build_peer` turns the workload flags into a :class:`~peer.node.Peer` (data set,
+this peer's shard of the partition, model, SGD with momentum, endless batches).
+:func:`run_peer` is the process's life: start, print ``peer ID listening on ADDRESS``
+(and ``--address-file``), wait for ``--wait-for-peers``, train in chunks of
+``--status-every`` steps until ``--steps`` or SIGTERM/SIGINT, report progress (a live
+rich line on stderr, or a JSON status line on stdout per chunk), ``--hold``, stop
+(final checkpoint), then evaluate for ``--eval-out`` and print a final JSON status line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from peer.config import PeerConfig, resolve_device
+from peer.node import Peer
+from workloads import Dataset, build_model, load_dataset, partition, peer_batches
+
+
+def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
+    """The peer the flags describe, and the data set it trains on (its test split is
+    what ``--eval-out`` measures). Raises ``ValueError`` naming the flag on bad input."""
+    torch.set_num_threads(1)
+    data = load_dataset(args.dataset)
+    shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
+    model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+    lr, momentum = args.lr, args.momentum
+
+    def optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+    batches = peer_batches(
+        data,
+        shards[args.peer_index],
+        batch_size=args.batch_size,
+        seed=args.seed,
+        peer=args.peer_index,
+    )
+    try:  # checked when a peer is built; named by flag here
+        resolve_device(config.device)
+    except ValueError as error:
+        raise ValueError(f"--device: {error}") from None
+    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
+    return peer, data
+
+
+async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
+    """Run ``peer`` as the flags say until done or signalled; returns the exit code (0).
+
+    Raises ``ConnectionError`` if the peer cannot join the swarm.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
+    await peer.start()
+    rate = _Rate(peer)
+    progress = asyncio.ensure_future(_live_line(peer, rate, stop)) if live else None
+    try:
+        where = peer.address or "(client-only)"
+        print(f"peer {peer.peer_id} listening on {where}", flush=True)
+        if peer.resumed_from is not None:
+            print(f"resumed from {peer.resumed_from} at step {peer.step}", flush=True)
+        if args.address_file and peer.address:
+            _write_atomically(args.address_file, peer.address)
+        stopping = asyncio.ensure_future(stop.wait())
+        if args.wait_for_peers:
+            waiting = asyncio.ensure_future(peer.wait_for_members(args.wait_for_peers))
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        target = peer.step + args.steps if args.steps else None
+        while not stop.is_set() and (target is None or peer.step < target):
+            chunk = (
+                args.status_every if target is None else min(args.status_every, target - peer.step)
+            )
+            training = asyncio.ensure_future(peer.run(steps=chunk))
+            await asyncio.wait({training, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                training.cancel()
+                await asyncio.gather(training, return_exceptions=True)
+                break
+            training.result()
+            if not live:
+                print(json.dumps(_status_line(peer, rate)), flush=True)
+        if args.hold and not stop.is_set():
+            print(json.dumps({**_status_line(peer, rate), "holding": True}), flush=True)
+            await stopping
+        stopping.cancel()
+    finally:
+        if progress is not None:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+        await peer.stop()
+    final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
+    if args.eval_out:
+        final["test_accuracy"] = await _write_evaluation(peer, data, args)
+    print(json.dumps(final), flush=True)
+    return 0
+
+
+async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace) -> float:
+    """Evaluate on the test split and write ``--eval-out``'s JSON; returns the accuracy."""
+    result = await asyncio.to_thread(peer.evaluate, data.x_test, data.y_test)
+    report = {
+        "id": peer.peer_id,
+        "step": peer.step,
+        "test_loss": result["loss"],
+        "test_accuracy": result["accuracy"],
+        "test_samples": int(result["samples"]),
+        "batch_size": args.batch_size,
+        "exchanges_ok": peer.health.exchanges_ok,
+        "exchanges_failed": peer.health.exchanges_failed,
+        "isolated": peer.health.isolated,
+        "byzantine": peer.config.byzantine,
+    }
+    _write_atomically(args.eval_out, json.dumps(report))
+    return result["accuracy"]
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it, so a reader
+    polling for the file never sees half of it."""
+    temp = Path(path + ".tmp")
+    temp.write_text(text)
+    temp.replace(path)
+
+
+class _Rate:
+    """Bytes per second (in + out) since the previous reading."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.last = (time.monotonic(), self._total())
+        self.value = 0.0
+
+    def _total(self) -> float:
+        return self.peer.metrics.bytes_total("in") + self.peer.metrics.bytes_total("out")
+
+    def read(self) -> float:
+        now, total = time.monotonic(), self._total()
+        then, before = self.last
+        if now - then >= 0.2:
+            self.value = (total - before) / (now - then)
+            self.last = (now, total)
+        return self.value
+
+
+async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
+    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    def line() -> Text:
+        status = _status_line(peer, rate)
+        loss = status["loss"]
+        neighbours = status["neighbours"]
+        assert isinstance(neighbours, list)
+        return Text(
+            f"peer {peer.peer_id}  step {status['step']}  "
+            f"loss {'-' if loss is None else f'{loss:.4f}'}  "
+            f"neighbours {len(neighbours)}  {human_bytes(rate.read())}/s"
+        )
+
+    with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
+        try:
+            while not stop.is_set():
+                live.update(line(), refresh=True)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+        finally:  # the last frame stays on screen: the final state
+            live.update(line(), refresh=True)
+
+
+def human_bytes(value: float) -> str:
+    """``1536`` -> ``"1.5 KB"`` (powers of 1000, as network rates are quoted)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(value) < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"  # pragma: no cover
+
+
+def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
+    """The status line printed per chunk: id, round, step, loss, bytes, live neighbours
+    (and bytes/s with a ``rate``)."""
+    status = peer.status()
+    line = {
+        key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
+    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
+    if rate is not None:
+        line["bytes_per_s"] = round(rate.read(), 1)
+    return line
