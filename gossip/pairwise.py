@@ -41,7 +41,7 @@ caller's payload and the callee's answer; a dense codec's size depends only on d
 Runners: the simulator calls :meth:`PairwiseGossip.exchange` (or :func:`pairwise_average`)
 on a batch of disjoint pairs ``[m, 2]`` at once (callers in column 0, callees in column 1,
 codec on the batched path ``compress(x, generator).values``); a peer calls the two halves
-for itself around its wire codec (``peer.node``).
+for itself around its wire codec (``peer.pairwise``).
 
 >>> import torch
 >>> rule = PairwiseGossip()

@@ -40,6 +40,7 @@ from peer.progress import watch
 from peer.report import collect_results, print_results
 from peer.swarm import GRACE_S, Swarm
 from peer.topology import topology_names
+from peer.usage import OneLineParser
 from workloads.baseline import CentralizedResult
 from workloads.cache import default_cache_dir
 
@@ -62,7 +63,7 @@ def with_cache(dataset: str) -> str:
 
 def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     what = "the demo" if demo else "a local swarm"
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog,
         description=(
             f"Run {what}: N gossipnet peer processes on 127.0.0.1 train one model together; "

@@ -17,7 +17,6 @@ A peer that has stopped averaging (no successful exchange in its last rounds,
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -29,6 +28,7 @@ import aiohttp
 
 from peer.auth import client_ssl_context
 from peer.membership import check_address
+from peer.usage import OneLineParser
 
 
 def parse_url(url: str) -> str:
@@ -108,9 +108,7 @@ def render(status: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str], prog: str = "gossipnet status") -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Show a running peer's status (GET /v1/status)."
-    )
+    parser = OneLineParser(prog=prog, description="Show a running peer's status (GET /v1/status).")
     parser.add_argument("url", metavar="URL", help="http[s]://HOST:PORT or HOST:PORT")
     parser.add_argument("--json", action="store_true", help="print the raw status JSON")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="default 5")

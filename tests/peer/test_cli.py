@@ -117,7 +117,9 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
         timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert message in result.stderr.splitlines()[-1]
+    lines = result.stderr.strip().splitlines()
+    assert message in lines[-1]
+    assert len(lines) == 1, lines  # one line, no usage block before it
 
 
 @pytest.mark.parametrize(

@@ -194,7 +194,30 @@ def test_bad_flags_exit_2_with_one_clear_line(
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2
-    assert message in capsys.readouterr().err.splitlines()[-1]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1]
+    if args[0] in ("launch", "demo", "status"):
+        assert len(err) == 1, err  # one line, no usage block before it
+
+
+def test_the_issue_15_launch_commands_are_refused_before_any_process_starts(
+    tmp_path: Path,
+) -> None:
+    """A real ``gossipnet launch`` process: one stderr line, exit 2, and no peer started
+    (nothing written to its run directory)."""
+    for args in (
+        ["--peers", "3", "--aggregator", "trimmed-mean:b=1", "--steps", "200"],
+        ["--peers", "4", "--algorithm", "dpsgd", "--topology", "ring", "--aggregator", "krum:f=1"],
+    ):
+        run_dir = tmp_path / args[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "gossipnet", "launch", *args, "--dir", str(run_dir)],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--aggregator:" in lines[0] and "cannot run" in lines[0]
+        assert not run_dir.exists() or not any(run_dir.iterdir())
 
 
 def test_status_of_an_unreachable_peer_exits_1(cache: str) -> None:
