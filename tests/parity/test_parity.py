@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
 import consensus
-from gossip.algorithms import Choco, DecentralizedSGD, Order, PushSum, local_sgd
+from gossip.algorithms import (
+    Choco,
+    DecentralizedSGD,
+    GossipAlgorithm,
+    Order,
+    PushSum,
+    local_sgd,
+)
 from gossip.compression import build_compressor
 from gossip.pairwise import pairwise_average
 from peer.config import PeerConfig
@@ -69,6 +77,29 @@ def _assert_parity(simulated: RunResult, networked: RunResult, what: str) -> Non
     )
 
 
+async def _both_runners(
+    problem: Problem,
+    rule: GossipAlgorithm,
+    *,
+    steps_per_round: int = 1,
+    byzantine: Sequence[int] = (),
+    attack: str | None = None,
+    **config: Any,
+) -> tuple[RunResult, RunResult]:
+    """ROUNDS rounds of ``rule`` in the simulator, then N real peers (``config``: their
+    PeerConfig fields) on the simulator's batches from the simulator's initial models."""
+    simulated = run_simulator(problem, rule, ROUNDS, byzantine=byzantine, attack=attack)
+    networked = await run_peers(
+        problem,
+        simulated.batches,
+        steps=ROUNDS * steps_per_round,
+        check_initial=_assert_same_start(simulated),
+        per_rank={rank: {"byzantine": attack} for rank in byzantine},
+        **config,
+    )
+    return simulated, networked
+
+
 # --------------------------------------------------------------------------- D-PSGD
 
 
@@ -77,15 +108,8 @@ def _assert_parity(simulated: RunResult, networked: RunResult, what: str) -> Non
 async def test_dpsgd_peers_match_the_simulator(topology: str, order: Order) -> None:
     """D-PSGD (Lian et al. 2017) in both orders, on the undirected ring (Metropolis-Hastings
     W) and the directed exponential graph (uniform W, Assran et al. 2019)."""
-    problem = Problem(topology=topology)
-    simulated = run_simulator(problem, DecentralizedSGD(order=order), ROUNDS)
-    networked = await run_peers(
-        problem,
-        simulated.batches,
-        steps=ROUNDS,
-        check_initial=_assert_same_start(simulated),
-        algorithm="dpsgd",
-        order=order,
+    simulated, networked = await _both_runners(
+        Problem(topology=topology), DecentralizedSGD(order=order), algorithm="dpsgd", order=order
     )
     _assert_parity(simulated, networked, f"D-PSGD {order} on {topology}")
 
@@ -97,13 +121,10 @@ async def test_local_sgd_peers_match_the_simulator_adapt_then_combine() -> None:
     """Decentralized local SGD (Lin et al., ICLR 2020): H local steps, then one gossip
     average. The simulator's ``local_sgd(H)`` is adapt-then-combine; a peer asked for that
     order explicitly runs the same rounds."""
-    problem = Problem()
-    simulated = run_simulator(problem, local_sgd(LOCAL_STEPS), ROUNDS)
-    networked = await run_peers(
-        problem,
-        simulated.batches,
-        steps=ROUNDS * LOCAL_STEPS,
-        check_initial=_assert_same_start(simulated),
+    simulated, networked = await _both_runners(
+        Problem(),
+        local_sgd(LOCAL_STEPS),
+        steps_per_round=LOCAL_STEPS,
         algorithm="local-sgd",
         local_steps=LOCAL_STEPS,
         order="adapt-then-combine",
@@ -115,14 +136,11 @@ async def test_peer_local_sgd_is_the_simulators_local_sgd() -> None:
     """``PeerConfig(algorithm="local-sgd")`` names the simulator's algorithm, so without an
     explicit order it must run the simulator's (and the paper's, Lin et al. 2020) rounds:
     H local steps, then gossip (adapt-then-combine)."""
-    problem = Problem()
-    simulated = run_simulator(problem, local_sgd(LOCAL_STEPS), ROUNDS)
     plan = PeerConfig(peer_id="probe", algorithm="local-sgd", local_steps=LOCAL_STEPS)
-    networked = await run_peers(
-        problem,
-        simulated.batches,
-        steps=ROUNDS * LOCAL_STEPS,
-        check_initial=_assert_same_start(simulated),
+    simulated, networked = await _both_runners(
+        Problem(),
+        local_sgd(LOCAL_STEPS),
+        steps_per_round=LOCAL_STEPS,
         algorithm="local-sgd",
         local_steps=LOCAL_STEPS,
     )
@@ -144,16 +162,13 @@ async def test_robust_dpsgd_with_one_byzantine_peer_matches_the_simulator(rule: 
     real ``--byzantine sign-flip`` peer (``consensus.byzantine_message``) put the same
     vectors in the honest peers' inboxes, so the honest peers end alike."""
     problem = Problem(topology="ring")
-    algorithm = DecentralizedSGD(aggregator=consensus.build(rule))
-    simulated = run_simulator(problem, algorithm, ROUNDS, byzantine=[1], attack="sign-flip")
-    networked = await run_peers(
+    simulated, networked = await _both_runners(
         problem,
-        simulated.batches,
-        steps=ROUNDS,
-        check_initial=_assert_same_start(simulated),
+        DecentralizedSGD(aggregator=consensus.build(rule)),
+        byzantine=[1],
+        attack="sign-flip",
         algorithm="dpsgd",
         aggregator=rule,
-        per_rank={1: {"byzantine": "sign-flip"}},
     )
     honest = [0, 2, 3]
     _assert_parity(
@@ -174,14 +189,8 @@ async def test_push_sum_peers_match_the_simulator(topology: str) -> None:
     """Stochastic gradient push (Assran et al. 2019): ``[x, w]`` messages with column-
     stochastic weights, on the directed exponential graph, the time-varying one-peer
     exponential schedule and the ring; the model both runners train is ``z = x / w``."""
-    problem = Problem(topology=topology)
-    simulated = run_simulator(problem, PushSum(), ROUNDS)
-    networked = await run_peers(
-        problem,
-        simulated.batches,
-        steps=ROUNDS,
-        check_initial=_assert_same_start(simulated),
-        algorithm="push-sum",
+    simulated, networked = await _both_runners(
+        Problem(topology=topology), PushSum(), algorithm="push-sum"
     )
     _assert_parity(simulated, networked, f"push-sum on {topology}")
 
@@ -195,14 +204,9 @@ async def test_push_sum_peers_match_the_simulator(topology: str) -> None:
 async def test_choco_peers_match_the_simulator(codec: str) -> None:
     """CHOCO-SGD (Koloskova et al. 2019): each node sends ``Q(x - x̂)`` and keeps
     ``sum_j W_ij x̂_j``; the public copies stay in step over a real network."""
-    problem = Problem()
-    algorithm = Choco(build_compressor(codec), consensus_step=0.5)
-    simulated = run_simulator(problem, algorithm, ROUNDS)
-    networked = await run_peers(
-        problem,
-        simulated.batches,
-        steps=ROUNDS,
-        check_initial=_assert_same_start(simulated),
+    simulated, networked = await _both_runners(
+        Problem(),
+        Choco(build_compressor(codec), consensus_step=0.5),
         algorithm="choco",
         codec=codec,
         consensus_step=0.5,

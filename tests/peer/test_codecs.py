@@ -21,6 +21,7 @@ from peer.errors import (
     ShapeMismatch,
     UnknownCodec,
 )
+from peer.node import Peer
 
 from .conftest import SECRET, model_bytes, started_peer
 
@@ -112,6 +113,17 @@ def test_a_payload_codec_other_than_the_envelopes_is_an_unknown_codec() -> None:
         codecs.receiving_codecs()["fp16"].decode(body, wire.ModelSpec(numel=300))
 
 
+async def _post_exchange(peer: Peer, envelope: dict) -> tuple[int, bytes]:
+    """POST a hand-built, correctly signed envelope to a running peer's /v1/exchange."""
+    raw = msgpack.packb(envelope, use_bin_type=True)
+    headers = auth.sign_request(SECRET, "POST", "/v1/exchange", raw)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://{peer.address}/v1/exchange", data=raw, headers=headers) as reply,
+    ):
+        return reply.status, await reply.read()
+
+
 @pytest.mark.parametrize("kind", list(BY_KIND))
 async def test_a_running_peer_answers_each_kind_with_its_status_and_code(kind: str) -> None:
     corrupt, _, status, code = BY_KIND[kind]
@@ -119,14 +131,8 @@ async def test_a_running_peer_answers_each_kind_with_its_status_and_code(kind: s
         body = corrupt(peer.spec.numel)
         envelope = {"v": 1, "sender": "caller", "round": 0, "step": 0}
         envelope |= {"codec": body["codec"], "payload": body}
-        raw = msgpack.packb(envelope, use_bin_type=True)
         before = model_bytes(peer)
-        headers = auth.sign_request(SECRET, "POST", "/v1/exchange", raw)
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"http://{peer.address}/v1/exchange", data=raw, headers=headers) as reply,
-        ):
-            got_status, answer = reply.status, await reply.read()
+        got_status, answer = await _post_exchange(peer, envelope)
         assert got_status == status, answer
         error = json.loads(answer)
         assert error["error"] == code and error["detail"].startswith("payload: ")
@@ -139,14 +145,8 @@ async def test_a_running_peer_refuses_bad_none_payloads_untouched(case: str) -> 
     async with started_peer("callee", seed=1) as peer:
         body = corrupt(peer.spec.numel)
         envelope = {"v": 1, "sender": "caller", "round": 0, "step": 0, "codec": "none"}
-        raw = msgpack.packb(envelope | {"payload": body}, use_bin_type=True)
         before = model_bytes(peer)
-        headers = auth.sign_request(SECRET, "POST", "/v1/exchange", raw)
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"http://{peer.address}/v1/exchange", data=raw, headers=headers) as reply,
-        ):
-            got_status, answer = reply.status, await reply.read()
+        got_status, answer = await _post_exchange(peer, envelope | {"payload": body})
         assert got_status == status, answer
         assert json.loads(answer)["error"] == code
         assert model_bytes(peer) == before
