@@ -373,11 +373,17 @@ class PushSum:
         mask: Tensor | None = None,
         self_weight: Tensor | None = None,
     ) -> PushSumState:
-        """``(x, w)_i <- P_ii (x, w)_i + sum_j P_ij (x, w)_j``; then ``z_i <- x_i / w_i``."""
+        """``(x, w)_i <- P_ii (x, w)_i + sum_j P_ij (x, w)_j``; then ``z_i <- x_i / w_i``.
+
+        A received message whose weight ``w_j`` is not a positive number is left out (as if
+        it had not arrived): no honest node sends one, and mixing it could make ``w_i <= 0``.
+        """
         own = torch.cat([state.x, state.weight], dim=-1)
         with torch.no_grad():
             received = received.to(own.dtype)
             weights = weights.to(own.dtype)
+            positive = received[..., -1] > 0  # False for NaN too
+            mask = positive if mask is None else torch.as_tensor(mask, device=own.device) & positive
             if self_weight is None:
                 mixed = self.aggregator(own, received, weights, mask)
             else:
@@ -408,6 +414,10 @@ class PushSum:
         with torch.no_grad():
             d = state.x.shape[-1]
             arrived = arrived.to(state.x.dtype)
+            # mass is never negative: a node whose late sum would not keep w > 0 (only a
+            # hostile sender makes one) skips it
+            ok = (arrived[..., d:] >= 0) & torch.isfinite(arrived).all(-1, keepdim=True)
+            arrived = torch.where(ok, arrived, 0.0)
             state.x.add_(arrived[..., :d])
             state.weight.add_(arrived[..., d:])
             torch.div(state.x, state.weight, out=state.z)

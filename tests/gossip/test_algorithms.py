@@ -728,3 +728,20 @@ def test_exchange_reports_the_wire_bytes_of_each_message() -> None:
     push = PushSum(compressor=build_compressor("none"))
     push_state = push.init(torch.randn(n, d))
     assert synchronous_exchange(push, push_state, table) == push.compressor.wire_bytes(d + 1)
+
+
+def test_push_sum_leaves_out_messages_with_a_weight_that_is_not_positive() -> None:
+    """A hostile member's message with w <= 0 (or NaN) is treated as missing, in both
+    runners (the rule is shared): the receiver's weight stays positive."""
+    algorithm = PushSum(local_steps=0)
+    state = algorithm.init(torch.ones(4, dtype=torch.float64))
+    sent = algorithm.message(state)
+    received = torch.stack([sent, sent.clone(), sent.clone()])
+    received[1, -1] = -5.0
+    received[2, -1] = float("nan")
+    weights = torch.tensor([0.25, 0.25, 0.25], dtype=torch.float64)
+    algorithm.combine(state, sent, received, weights, None, torch.tensor(0.25))
+    assert float(state.weight) == pytest.approx(0.5)  # own 0.25 + the one valid 0.25
+    assert torch.isfinite(state.z).all()
+    algorithm.late(state, torch.full((5,), -3.0, dtype=torch.float64), torch.zeros(5))
+    assert float(state.weight) == pytest.approx(0.5)  # a negative late mass is skipped
