@@ -238,8 +238,27 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
             await asyncio.sleep(0.1)
         return True
 
+    async def _join_listed(self) -> None:
+        """With a known peer list (``--topology --peers``), join each listed address that is
+        not a member yet: ranks started in any order, or restarted, find each other."""
+        if self.topology is None:
+            return
+        known = {m.address for m in self.membership.members()} | {self.address}
+        missing = [a for a in self.config.peer_list if a not in known]
+        client = self._client()
+
+        async def join(address: str) -> None:
+            with contextlib.suppress(PeerUnavailable, RemoteRefused, ProtocolError):
+                answer = await client.join(address, self.peer_id, self.address)
+                self.membership.observe(check_sender(answer["id"]), address)
+                self.membership.merge(answer["peers"])
+
+        await asyncio.gather(*(join(address) for address in missing))
+
     async def refresh_view(self) -> None:
-        """Pull one random neighbour's membership view and merge it."""
+        """Pull one random neighbour's membership view and merge it (and, with a known peer
+        list, join the listed peers that are not members yet)."""
+        await self._join_listed()
         neighbours = self.membership.neighbours()
         if not neighbours:
             return
