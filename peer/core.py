@@ -19,7 +19,6 @@ lifecycle, the membership joins and the round loop. The core holds
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 import consensus
+from gossip.compression import node_seed
 from gossip.configuration import build_algorithm
 from peer.auth import RequestVerifier, load_secret
 from peer.client import PeerClient
@@ -43,12 +43,6 @@ logger = logging.getLogger(__name__)
 
 HEALTH_WINDOW_ROUNDS = 5
 """A peer with no successful exchange in this many rounds in a row is *isolated* (logged)."""
-
-
-def _derived_seed(seed: int, peer_id: str) -> int:
-    """A 63-bit seed from (seed, peer id): peers of one swarm seed differently, reproducibly."""
-    digest = hashlib.sha256(f"{seed}:{peer_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class PeerCore:
@@ -72,7 +66,7 @@ class PeerCore:
         self.max_concurrent_exchanges = config.max_concurrent_exchanges
         self.max_body_bytes = max_body_bytes(self.spec.num_bytes, factor=config.max_body_factor)
         self.codec = build_codec(
-            config.gossip.compressor or "none", seed=_derived_seed(config.seed, config.peer_id)
+            config.gossip.compressor or "none", seed=node_seed(config.seed, config.peer_id)
         )
         self.codecs = receiving_codecs()
         # the same rule object the simulator builds for this configuration
@@ -106,7 +100,7 @@ class PeerCore:
         self.attack = None if config.byzantine is None else consensus.build_attack(config.byzantine)
         """The attack this peer runs instead of honest messages (evaluation only), or None."""
         self._attack_generator = torch.Generator().manual_seed(
-            _derived_seed(config.seed + 1, config.peer_id)
+            node_seed(config.seed + 1, config.peer_id)
         )
         self.metrics.byzantine.set(0 if self.attack is None else 1)
         self.health = ExchangeHealth(self.peer_id, window=HEALTH_WINDOW_ROUNDS)

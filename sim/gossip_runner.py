@@ -35,7 +35,7 @@ from gossip.algorithms import (
     GossipState,
     neighbourhood_fits,
 )
-from gossip.compression import launch_envelope_bytes
+from gossip.compression import launch_envelope_bytes, launch_peer_id, node_generators
 from gossip.pairwise import PairwiseGossip, ad_psgd
 from sim.algorithms import Context, RoundReport, _mean_loss
 from sim.mixing import gather_mix, gather_rows, keeps_state, rows_for_budget
@@ -105,7 +105,9 @@ class SynchronousGossip:
         self.parameters = self.algorithm.model(self.state)
         # gradient + step fused per cache-sized block of peers (exactly one optimizer over all)
         self.trainer = BlockedOptimizer(ctx.peers, self.parameters, ctx.optimizer.build)
-        self.generator = torch.Generator().manual_seed(ctx.seed + 7)
+        # node i's codec draws from the generator peer-i would seed (gossip.compression
+        # .node_generators): a randomized codec sends what the networked peer would send
+        self.generators = node_generators(ctx.seed, [launch_peer_id(i) for i in range(ctx.n)])
 
     def round(self, ctx: Context) -> RoundReport:
         alive = ctx.alive()
@@ -168,7 +170,7 @@ class SynchronousGossip:
         message = self.algorithm.message(self.state)
         weights = torch.as_tensor(table.weight, dtype=message.dtype, device=device)
         self_weight = torch.as_tensor(table.self_weight, dtype=message.dtype, device=device)
-        compressed = self.algorithm.compressor.compress(message, self.generator)
+        compressed = self.algorithm.compressor.compress(message, self.generators)
         # what peer-i's body for this message would weigh (gossip.compression.envelope)
         self.message_bytes = launch_envelope_bytes(
             compressed.wire_bytes,

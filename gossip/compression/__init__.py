@@ -51,7 +51,14 @@ table, specs, dispatch) and :mod:`~gossip.compression.envelope` (the message aro
 payload and its size).
 """
 
-from gossip.compression.base import Compressed, Compressor, Payload
+from gossip.compression.base import (
+    Compressed,
+    Compressor,
+    Payload,
+    Randomness,
+    node_generators,
+    node_seed,
+)
 from gossip.compression.dense import BFloat16, Float16, NoCompression
 from gossip.compression.envelope import (
     ENVELOPE_KEYS,
@@ -92,6 +99,7 @@ __all__ = [
     "PayloadError",
     "PayloadErrorKind",
     "RandomK",
+    "Randomness",
     "StochasticQuantization",
     "TopK",
     "build_compressor",
@@ -101,4 +109,6 @@ __all__ = [
     "envelope_fields",
     "launch_envelope_bytes",
     "launch_peer_id",
+    "node_generators",
+    "node_seed",
 ]

@@ -10,8 +10,9 @@ decodes to exactly what :meth:`Compressor.encode` sends for ``x[i]``, on any mac
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,10 +37,38 @@ class Compressed:
     wire_bytes: int
 
 
-def uniform(like: Tensor, generator: torch.Generator | None) -> Tensor:
+Randomness = torch.Generator | Sequence[torch.Generator] | None
+"""Where a randomized codec draws: one generator for the whole batch, one per row (node i
+of a batch draws from ``generators[i]`` exactly what that node, alone, draws from the same
+generator), or None (torch's global one)."""
+
+
+def node_seed(seed: int, node_id: str) -> int:
+    """A 63-bit seed from (run seed, node id): the nodes of one run draw differently and
+    reproducibly. A peer seeds its codec with ``node_seed(seed, peer_id)``; the simulator
+    seeds node i's with ``node_seed(seed, "peer-i")``, so their draws are the same."""
+    digest = hashlib.sha256(f"{seed}:{node_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def node_generators(seed: int, node_ids: Sequence[str]) -> list[torch.Generator]:
+    """One CPU generator per node, seeded with :func:`node_seed`."""
+    return [torch.Generator().manual_seed(node_seed(seed, node)) for node in node_ids]
+
+
+def uniform(like: Tensor, generator: Randomness) -> Tensor:
     """U[0, 1) float32 noise shaped like ``like``, on its device, drawn from ``generator``
     where that generator lives (a seeded CPU generator gives the same draws for a CUDA
-    tensor as for a CPU one)."""
+    tensor as for a CPU one); with one generator per row, row i from ``generator[i]``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        generators = list(generator)
+        if like.dim() < 1 or len(generators) != like.shape[0]:
+            raise ValueError(
+                f"generator: one per row needs {like.shape[0] if like.dim() else 0} generators, "
+                f"got {len(generators)}"
+            )
+        rows = [uniform(like[i], g) for i, g in enumerate(generators)]
+        return torch.stack(rows) if rows else like.new_empty(like.shape, dtype=torch.float32)
     source = like.device if generator is None else generator.device
     noise = torch.rand(like.shape, generator=generator, dtype=torch.float32, device=source)
     return noise.to(like.device)
@@ -80,7 +109,7 @@ class Compressor(ABC):
 
     # -- the two halves shared by both paths --------------------------------------------
     @abstractmethod
-    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         """``x [*, d]`` -> field tensors with the same leading batch."""
 
     @abstractmethod
@@ -96,7 +125,7 @@ class Compressor(ABC):
         """Validated payload -> unbatched field tensors; raises PayloadError on bad input."""
 
     # -- batched path ----------------------------------------------------------------
-    def compress(self, x: Tensor, generator: torch.Generator | None = None) -> Compressed:
+    def compress(self, x: Tensor, generator: Randomness = None) -> Compressed:
         """Batched path: ``x [*, d] -> Compressed(values [*, d] in x.dtype, wire_bytes per row)``."""
         check_input(x, batched=True)
         d = x.shape[-1]
@@ -104,7 +133,7 @@ class Compressor(ABC):
         return Compressed(values.to(x.dtype), self.wire_bytes(d, x.dtype))
 
     # -- wire path -------------------------------------------------------------------
-    def encode(self, x: Tensor, generator: torch.Generator | None = None) -> Payload:
+    def encode(self, x: Tensor, generator: Randomness = None) -> Payload:
         """Wire path: ``x [d] -> payload`` (``str -> str | int | bytes``, raw little-endian).
 
         A byte field may view ``x``'s own memory (the ``none`` codec of a contiguous CPU
@@ -112,9 +141,7 @@ class Compressor(ABC):
         """
         return self.encode_and_decode(x, generator)[0]
 
-    def encode_and_decode(
-        self, x: Tensor, generator: torch.Generator | None = None
-    ) -> tuple[Payload, Tensor]:
+    def encode_and_decode(self, x: Tensor, generator: Randomness = None) -> tuple[Payload, Tensor]:
         """Wire path for a sender that also needs what receivers will decode (CHOCO's x̂)."""
         check_input(x, batched=False)
         d = x.shape[0]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from gossip.compression.base import Compressor, Payload
+from gossip.compression.base import Compressor, Payload, Randomness
 from gossip.compression.errors import PayloadError
 from gossip.compression.wire_dtypes import (
     WIRE_DTYPE_NAMES,
@@ -61,7 +61,7 @@ class NoCompression(Compressor):
     def spec(self) -> str:
         return "none"
 
-    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         if x.dtype not in WIRE_DTYPE_NAMES:
             raise ValueError(f"x dtype {x.dtype} is not one of {list(WIRE_DTYPE_NAMES)}")
         return {"data": x}
@@ -88,7 +88,7 @@ class _Cast(Compressor):
     def spec(self) -> str:
         return self.codec
 
-    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         return {"data": x.to(self.dtype)}
 
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gossip.compression.base import Compressed, Compressor, Payload, check_input
+from gossip.compression.base import Compressed, Compressor, Payload, Randomness, check_input
 
 __all__ = ["ErrorFeedback"]
 
@@ -48,16 +48,14 @@ class ErrorFeedback(Compressor):
             return x
         return x + self.residual
 
-    def compress(self, x: Tensor, generator: torch.Generator | None = None) -> Compressed:
+    def compress(self, x: Tensor, generator: Randomness = None) -> Compressed:
         check_input(x, batched=True)
         corrected = self._corrected(x)
         out = self.inner.compress(corrected, generator)
         self.residual = corrected - out.values
         return out
 
-    def encode_and_decode(
-        self, x: Tensor, generator: torch.Generator | None = None
-    ) -> tuple[Payload, Tensor]:
+    def encode_and_decode(self, x: Tensor, generator: Randomness = None) -> tuple[Payload, Tensor]:
         check_input(x, batched=False)
         corrected = self._corrected(x)
         payload, values = self.inner.encode_and_decode(corrected, generator)
@@ -73,7 +71,7 @@ class ErrorFeedback(Compressor):
     def reset(self) -> None:
         self.residual = None
 
-    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         return self.inner._encode_fields(x, generator)
 
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gossip.compression.base import Compressor, Payload, uniform
+from gossip.compression.base import Compressor, Payload, Randomness, uniform
 from gossip.compression.errors import PayloadError
 from gossip.compression.wire_dtypes import (
     from_bytes,
@@ -69,7 +69,7 @@ class StochasticQuantization(Compressor):
         x = torch.nn.functional.pad(x, (0, padded - d))
         return x.unflatten(-1, (padded // width, width))
 
-    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         d = x.shape[-1]
         x = x.to(torch.float32)
         blocks = self._blocks(x)  # [*, nblocks, block], zero padded

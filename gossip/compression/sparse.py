@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gossip.compression.base import Compressor, Payload, uniform
+from gossip.compression.base import Compressor, Payload, Randomness, uniform
 from gossip.compression.errors import PayloadError
 from gossip.compression.wire_dtypes import from_bytes, read_field, require_finite, to_bytes
 
@@ -43,10 +43,10 @@ class _Sparse(Compressor):
         return max(1, min(d, math.ceil(self.ratio * d - 1e-9)))
 
     @abstractmethod
-    def _select(self, x: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    def _select(self, x: Tensor, k: int, generator: Randomness) -> Tensor:
         """Indices ``[*, k]`` of the coordinates to keep."""
 
-    def _encode_fields(self, x: Tensor, generator: torch.Generator | None) -> dict[str, Tensor]:
+    def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         index = self._select(x, self.k(x.shape[-1]), generator).sort(dim=-1).values
         return {"index": index, "value": x.gather(-1, index).to(torch.float32)}
 
@@ -106,7 +106,7 @@ class TopK(_Sparse):
 
     codec = "topk"
 
-    def _select(self, x: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    def _select(self, x: Tensor, k: int, generator: Randomness) -> Tensor:
         return x.abs().topk(k, dim=-1, sorted=False).indices
 
 
@@ -115,6 +115,6 @@ class RandomK(_Sparse):
 
     codec = "randk"
 
-    def _select(self, x: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    def _select(self, x: Tensor, k: int, generator: Randomness) -> Tensor:
         keys = uniform(x, generator)
         return keys.topk(k, dim=-1, sorted=False).indices

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 import consensus
 import topologies
 from gossip.algorithms import GossipAlgorithm
+from gossip.compression import launch_peer_id
 from peer.config import PeerConfig
 from peer.node import Peer
 from peer.swarm import free_ports
@@ -194,7 +195,7 @@ async def run_peers(
     peers = []
     for rank, address in enumerate(addresses):
         settings = PeerConfig(
-            peer_id=f"p{rank}",
+            peer_id=launch_peer_id(rank),  # the ids the simulator seeds node codecs by
             port=int(address.rsplit(":", 1)[1]),
             mode="sync",
             topology=problem.topology,

@@ -114,6 +114,20 @@ async def test_dpsgd_peers_match_the_simulator(topology: str, order: Order) -> N
     _assert_parity(simulated, networked, f"D-PSGD {order} on {topology}")
 
 
+@pytest.mark.parametrize("codec", ["fp16", "qsgd:bits=8", "qsgd:bits=4,feedback=true"])
+async def test_dpsgd_with_a_codec_matches_the_simulator(codec: str) -> None:
+    """Naive compressed D-PSGD: each node mixes its exact model with its neighbours' decoded
+    ones; a randomized codec draws, in both runners, from the generator node i's peer seeds
+    (``gossip.compression.node_generators``)."""
+    simulated, networked = await _both_runners(
+        Problem(),
+        DecentralizedSGD(compressor=build_compressor(codec)),
+        algorithm="dpsgd",
+        codec=codec,
+    )
+    _assert_parity(simulated, networked, f"D-PSGD with {codec}")
+
+
 # --------------------------------------------------------------------------- local SGD
 
 
@@ -199,7 +213,16 @@ async def test_push_sum_peers_match_the_simulator(topology: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "codec", ["none", "fp16", "bf16", "topk:ratio=0.3", "topk:ratio=0.3,feedback=true"]
+    "codec",
+    [
+        "none",
+        "fp16",
+        "bf16",
+        "qsgd:bits=4",
+        "topk:ratio=0.3",
+        "randk:ratio=0.3",
+        "topk:ratio=0.3,feedback=true",
+    ],
 )
 async def test_choco_peers_match_the_simulator(codec: str) -> None:
     """CHOCO-SGD (Koloskova et al. 2019): each node sends ``Q(x - x̂)`` and keeps
