@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gossipnet import __version__
 
@@ -105,9 +107,40 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+OWN_PACKAGES = ("topologies", "workloads", "consensus", "gossip", "sim", "peer")
+"""The top-level import packages this distribution installs next to ``gossipnet``."""
+
+
+def foreign_packages(root: Path | None = None) -> list[str]:
+    """Our package names that import from somewhere else than next to ``gossipnet``.
+
+    PyPI has unrelated projects named ``gossip``, ``peer``, ``consensus``... and pip lets
+    one overwrite or shadow another; each entry is ``"NAME (found at PATH)"``. Looks the
+    packages up without importing them (``importlib.util.find_spec`` on the top level).
+    """
+    home = (root or Path(__file__).resolve().parent.parent).resolve()
+    found = []
+    for name in OWN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        origin = None if spec is None else spec.origin
+        if origin is None or Path(origin).resolve().parent.parent != home:
+            found.append(f"{name} (found at {origin or 'nowhere'})")
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gossipnet`` command; returns the process exit code."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    foreign = foreign_packages()
+    if foreign:
+        home = Path(__file__).resolve().parent.parent
+        print(
+            f"gossipnet: error: these packages are not gossipnet's (expected next to it in "
+            f"{home}): {'; '.join(foreign)}; another project installed packages with the same "
+            "names. Install gossipnet in a dedicated virtual environment",
+            file=sys.stderr,
+        )
+        return 2
     command = SUBCOMMANDS[args.command]
     return command.load()(args.args, f"gossipnet {command.name}")
 
