@@ -28,6 +28,7 @@ import torch
 import consensus
 from gossip.compression import node_seed
 from gossip.configuration import build_algorithm
+from gossip.pairwise import PairwiseGossip
 from peer.auth import RequestVerifier, load_secret
 from peer.client import PeerClient
 from peer.codecs import build_codec, receiving_codecs
@@ -72,6 +73,8 @@ class PeerCore:
         # the same rule object the simulator builds for this configuration
         self.algorithm = build_algorithm(config.gossip)
         self.aggregator = self.algorithm.aggregator
+        self.pairwise_rule = PairwiseGossip(self.aggregator)
+        """AD-PSGD's halves (gossip.pairwise); the codec is the wire's (``self.codec``)."""
         self.gossip_state = self.algorithm.init(self.flat.vector)
         self.message_spec = ModelSpec(
             numel=self.algorithm.message_size(self.spec.numel), dtype=self.spec.dtype

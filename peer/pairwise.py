@@ -125,4 +125,4 @@ class PairwiseExchange(PeerCore):
         """The callee's half, ``gossip.PairwiseGossip.callee_answer``: adopt
         ``average_pair(own, other, aggregator)`` atomically and return it (the answer)."""
         with self.lock:
-            return PairwiseGossip(self.aggregator).callee_answer(self.flat.vector, other)
+            return self.pairwise_rule.callee_answer(self.flat.vector, other)
