@@ -484,8 +484,15 @@ def _known(where: str, table: Mapping[str, Any], cls: type) -> dict[str, Any]:
     return dict(table)
 
 
-def experiment_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
-    """Build and validate an :class:`ExperimentConfig` from nested tables (TOML, JSON)."""
+def experiment_from_dict(
+    data: Mapping[str, Any], *, base_dir: str | Path | None = None
+) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from nested tables (TOML, JSON).
+
+    ``base_dir``: where relative file paths in the tables (a user graph's edge list, say)
+    are resolved from; :func:`load_experiment` passes the experiment file's folder
+    (default: the working directory).
+    """
     top = _known("", data, ExperimentConfig)
     for section, cls in _SECTIONS.items():
         if section in top:
@@ -510,6 +517,11 @@ def experiment_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
 
 def load_experiment(path: str | Path) -> ExperimentConfig:
     """Read and validate an experiment TOML file."""
+    return experiment_from_dict(load_experiment_data(path), base_dir=Path(path).parent)
+
+
+def load_experiment_data(path: str | Path) -> dict[str, Any]:
+    """The nested tables of an experiment TOML file, not yet validated (sweeps edit them)."""
     file = Path(path)
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -517,4 +529,4 @@ def load_experiment(path: str | Path) -> ExperimentConfig:
         raise ConfigError(f"experiment: no such file {str(file)!r}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"experiment: {file} is not valid TOML ({error})") from None
-    return experiment_from_dict(data)
+    return data
