@@ -1,36 +1,49 @@
 """One push-pull exchange between two peers over loopback, beside torch.distributed (gloo).
 
-For each model size, in the same run:
+For each model size, in the same run, each configuration in fresh processes:
 
-* ``peer signed``: one ``Peer.gossip()`` (async mode, codec ``none``) from a caller
-  to a callee running in another process: snapshot, msgpack envelope, HMAC-signed
-  ``POST /v1/exchange``, validation, atomic averaging on the callee, the signed
-  answer, validation and mixing on the caller. The model's bytes cross the
+* ``signed``: one ``Peer.gossip()`` (async mode, codec ``none``) from a caller process to a
+  callee process: snapshot into the reused send buffer, the envelope streamed from it with
+  its Poly1305 tag computed as it goes (stream-signed ``POST /v1/exchange``), read into a
+  reused buffer and authenticated on the callee, atomic averaging, the answer streamed back
+  signed, authenticated, validated and mixed on the caller. The model's bytes cross the
   loopback twice (there and back).
-* ``peer open``: the same without a swarm secret (no HMAC over the bodies).
-* ``gloo``: ``dist.send`` then ``dist.recv`` of the same number of bytes between
-  two processes (``init_method=tcp://127.0.0.1:PORT``): the same bytes moved both
-  ways, with no serialization, validation or mixing. This is the reference.
+* ``open``: the same without a swarm secret.
+* ``TLS``: ``open`` over TLS (a self-signed certificate made with ``cryptography``): the
+  cost of encryption on the same path.
+* ``gloo``: ``dist.send`` then ``dist.recv`` of the same bytes between two processes
+  (``init_method=tcp://127.0.0.1:PORT``): the bytes moved both ways, with no framing,
+  validation or mixing. This is the reference.
 
-MB/s counts both directions (2 x model bytes per exchange). Ratio = time / gloo time.
-Median of ``--repeats`` after one warm-up. Run::
+MB/s counts both directions (2 x model bytes per exchange). ``x gloo`` = time / gloo's time.
+Median of ``--repeats`` after one warm-up. RSS, in copies of the model, for the caller and
+the callee process: ``held+peak``, what the process holds once its peer started (beyond its
+imports) and the peak growth beyond that while exchanging (the kernel's VmHWM, reset at
+start); docs/protocol.md, "Memory", states the counts. Run::
 
-    .venv/bin/python bench/exchange.py               # 1, 4, 16, 64 MB
-    .venv/bin/python bench/exchange.py --sizes 1,4 --repeats 3
+    .venv/bin/python bench/exchange.py               # 1, 4, 16, 64, 256 MB
+    .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import hashlib
+import ipaddress
 import logging
+import os
+import resource
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,62 +74,169 @@ def _peer(peer_id: str, numel: int, secret: bytes | None, **config: Any) -> Any:
         lambda params: torch.optim.SGD(params, lr=0.0),
         torch.nn.functional.mse_loss,
         [],
-        PeerConfig(peer_id=peer_id, secret=secret, request_timeout_s=120.0, **config),
+        PeerConfig(peer_id=peer_id, secret=secret, request_timeout_s=300.0, **config),
     )
 
 
 def _quiet() -> None:
-    """The open-swarm warning is expected here (the 'peer open' column)."""
+    """The open-swarm warning is expected here (the 'open' column)."""
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     logging.getLogger("peer").setLevel(logging.ERROR)
 
 
-def _serve(numel: int, secret: bytes | None, queue: Queue[str], stop: Event) -> None:
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def _reset_peak() -> None:
+    """Restart the kernel's peak-RSS counter (VmHWM) at the current RSS."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _memory(baseline: int) -> tuple[int, int]:
+    """(bytes held once the peer started, peak bytes beyond that while exchanging)."""
+    started = _rss_bytes()
+    _reset_peak()
+    return started - baseline, started
+
+
+def _serve(
+    numel: int, secret: bytes | None, tls: dict[str, str], queue: Queue[Any], stop: Event
+) -> None:
     _quiet()
+    import peer.node  # noqa: F401  (imports before the baseline)
+
+    baseline = _rss_bytes()
 
     async def main() -> None:
-        peer = _peer("callee", numel, secret)
+        peer = _peer("callee", numel, secret, **tls)
         await peer.start()
+        held, started = _memory(baseline)
         queue.put(peer.address)
         while not stop.is_set():
             await asyncio.sleep(0.05)
+        peak = _peak_rss_bytes() - started
+        digest = hashlib.sha256(peer.flat.vector.numpy().tobytes()).hexdigest()
         await peer.stop()
+        queue.put((held, peak, digest))
 
     asyncio.run(main())
 
 
-def time_peer(numel: int, secret: bytes | None, repeats: int) -> float:
+def _call(
+    numel: int,
+    secret: bytes | None,
+    tls: dict[str, str],
+    address: str,
+    repeats: int,
+    queue: Queue[Any],
+) -> None:
+    _quiet()
+    import peer.node  # noqa: F401
+
+    baseline = _rss_bytes()
+    memory = (0, 0)
+    peak: list[int] = []
+    digests: list[str] = []
+
+    async def main() -> list[float]:
+        caller = _peer(
+            "caller", numel, secret, client_only=True, join=(address,), fetch_state=False, **tls
+        )
+        await caller.start()
+        nonlocal memory
+        memory = _memory(baseline)
+        times = []
+        try:
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                if await caller.gossip() != 1:
+                    raise RuntimeError("exchange failed")
+                times.append(time.perf_counter() - started)
+            peak.append(_peak_rss_bytes() - memory[1])
+            digests.append(hashlib.sha256(caller.flat.vector.numpy().tobytes()).hexdigest())
+        finally:
+            await caller.stop()
+        return times[1:]
+
+    times = asyncio.run(main())
+    queue.put((statistics.median(times), (memory[0], peak[0]), digests[0]))
+
+
+def time_peer(
+    numel: int, secret: bytes | None, repeats: int, tls: dict[str, str]
+) -> tuple[float, tuple[int, int], tuple[int, int]]:
+    """(median seconds per exchange, caller's and callee's (held, peak while exchanging)
+    resident bytes). Raises unless both models are bit-identical after the exchanges
+    (with lr = 0 both hold the pair's average)."""
     context = mp.get_context("spawn")
-    queue: Queue[str] = context.Queue()
+    queue: Queue[Any] = context.Queue()
     stop = context.Event()
-    server = context.Process(target=_serve, args=(numel, secret, queue, stop))
+    server = context.Process(target=_serve, args=(numel, secret, tls, queue, stop))
     server.start()
     try:
-        address = queue.get(timeout=120)
-
-        async def main() -> list[float]:
-            caller = _peer(
-                "caller", numel, secret, client_only=True, join=(address,), fetch_state=False
-            )
-            await caller.start()
-            times = []
-            try:
-                for _ in range(repeats + 1):
-                    started = time.perf_counter()
-                    if await caller.gossip() != 1:
-                        raise RuntimeError("exchange failed")
-                    times.append(time.perf_counter() - started)
-            finally:
-                await caller.stop()
-            return times[1:]
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return statistics.median(asyncio.run(main()))
+        address = queue.get(timeout=300)
+        results: Queue[Any] = context.Queue()
+        caller = context.Process(target=_call, args=(numel, secret, tls, address, repeats, results))
+        caller.start()
+        seconds, caller_rss, caller_digest = results.get(timeout=1800)
+        caller.join(timeout=60)
+        stop.set()
+        *callee_rss, callee_digest = queue.get(timeout=120)
+        if caller_digest != callee_digest:  # lr = 0: both must hold the pair's average
+            raise RuntimeError("after the exchanges the two models differ")
+        return seconds, caller_rss, (callee_rss[0], callee_rss[1])
     finally:
         stop.set()
-        server.join(timeout=30)
+        server.join(timeout=60)
+
+
+def make_certificate(directory: Path) -> dict[str, str]:
+    """A self-signed certificate for 127.0.0.1 (its own CA), made with ``cryptography``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert, key_file = directory / "cert.pem", directory / "key.pem"
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return {"tls_cert": str(cert), "tls_key": str(key_file), "tls_ca": str(cert)}
 
 
 def _gloo(rank: int, port: int, numel: int, repeats: int, queue: Queue[float]) -> None:
@@ -162,9 +282,10 @@ def time_gloo(numel: int, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--sizes", default="1,4,16,64", help="model sizes in MB (float32), comma-separated"
+        "--sizes", default="1,4,16,64,256", help="model sizes in MB (float32), comma-separated"
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed exchanges per size (median)")
+    parser.add_argument("--no-tls", action="store_true", help="leave out the TLS column")
     args = parser.parse_args(argv)
     _quiet()
     try:
@@ -175,24 +296,38 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must all be > 0")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    header = (
-        f"{'model MB':>8}  {'peer signed ms':>14}  {'MB/s':>7}  {'ratio':>5}  "
-        f"{'peer open ms':>12}  {'MB/s':>7}  {'ratio':>5}  {'gloo ms':>8}  {'MB/s':>7}"
+    columns = ["signed", "open"] + ([] if args.no_tls else ["TLS"])
+    print(
+        f"# bench/exchange.py, {datetime.date.today()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, median of {args.repeats}; RSS in model copies, "
+        "caller/callee, each held+peak: resident once started + peak growth while exchanging"
     )
+    header = f"{'MB':>5}  {'gloo ms':>8}  {'MB/s':>6}"
+    for column in columns:
+        header += f"  {column + ' ms':>10}  {'MB/s':>6}  {'x gloo':>6}  {'RSS':>15}"
     print(header)
     print("-" * len(header))
-    for size in sizes:
-        numel = int(size * 2**20) // 4
-        moved = 2 * numel * 4 / 2**20
-        gloo = time_gloo(numel, args.repeats)
-        signed = time_peer(numel, SECRET, args.repeats)
-        open_ = time_peer(numel, None, args.repeats)
-        print(
-            f"{size:>8g}  {signed * 1e3:>14.1f}  {moved / signed:>7.0f}  {signed / gloo:>5.1f}  "
-            f"{open_ * 1e3:>12.1f}  {moved / open_:>7.0f}  {open_ / gloo:>5.1f}  "
-            f"{gloo * 1e3:>8.1f}  {moved / gloo:>7.0f}",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory() as directory:
+        tls = make_certificate(Path(directory)) if not args.no_tls else {}
+        settings = {"signed": (SECRET, {}), "open": (None, {}), "TLS": (None, tls)}
+        for size in sizes:
+            numel = int(size * 2**20) // 4
+            model_bytes = numel * 4
+            moved = 2 * model_bytes / 2**20
+            gloo = time_gloo(numel, args.repeats)
+            line = f"{size:>5g}  {gloo * 1e3:>8.1f}  {moved / gloo:>6.0f}"
+            for column in columns:
+                secret, extra = settings[column]
+                seconds, caller_rss, callee_rss = time_peer(numel, secret, args.repeats, extra)
+                copies = "/".join(
+                    f"{held / model_bytes:.1f}+{peak / model_bytes:.1f}"
+                    for held, peak in (caller_rss, callee_rss)
+                )
+                line += (
+                    f"  {seconds * 1e3:>10.1f}  {moved / seconds:>6.0f}  "
+                    f"{seconds / gloo:>6.2f}  {copies:>15}"
+                )
+            print(line, flush=True)
     return 0
 
 

@@ -14,6 +14,22 @@ bound to the request's nonce, so a neighbour's answer cannot be forged or replay
 
     X-Gossipnet-Signature: <hex HMAC-SHA256(secret, "response\\n" + status + "\\n" + nonce + "\\n" + hex(SHA-256(body)))>
 
+Streamed bodies (``/v1/exchange`` and ``/v1/state``, the model-sized ones) are signed
+without a pass over the body before its first byte leaves: the header names the stream
+scheme and signs the request line and the body's length instead of its digest::
+
+    Authorization: gossipnet-stream-poly1305 timestamp=<unix s>,nonce=<32 hex>,signature=<64 hex>
+
+    signature = HMAC-SHA256(secret, "stream\n" METHOD "\n" PATH "\n" timestamp "\n" nonce "\n" length)
+
+and the body's last 16 bytes are a Poly1305 tag (RFC 8439) of everything before them, under
+a one-time key ``HMAC-SHA256(secret, "body\nrequest\n" nonce)``; the answer to such a
+request ends with the tag under ``HMAC-SHA256(secret, "body\nresponse\n" status "\n"
+nonce)``. Both sides compute the tag as the bytes stream (Poly1305 runs at several GB/s),
+and the receiver checks the header (signature, clock window, nonce) *before* it reads the
+body and the tag before anything is applied. Nonces never repeat within the window, so no
+Poly1305 key is used twice.
+
 Without a secret the swarm is open: :func:`load_secret` returns ``None`` and the
 peer warns loudly (:func:`warn_open_swarm`).
 """
@@ -36,12 +52,20 @@ from pathlib import Path
 from peer.errors import Unauthorized
 
 SCHEME = "gossipnet-hmac-sha256"
+STREAM_SCHEME = "gossipnet-stream-poly1305"
+TAG_BYTES = 16
+"""Length of the Poly1305 tag that ends a stream-signed body."""
 RESPONSE_SIGNATURE_HEADER = "X-Gossipnet-Signature"
 SECRET_ENV = "GOSSIPNET_SECRET"
 MIN_SECRET_BYTES = 16
 
 _AUTH_PATTERN = re.compile(
     rf"{SCHEME} timestamp=(?P<timestamp>[0-9]{{1,12}}),"
+    r"nonce=(?P<nonce>[0-9a-f]{32}),signature=(?P<signature>[0-9a-f]{64})"
+)
+
+_STREAM_PATTERN = re.compile(
+    rf"{STREAM_SCHEME} timestamp=(?P<timestamp>[0-9]{{1,12}}),"
     r"nonce=(?P<nonce>[0-9a-f]{32}),signature=(?P<signature>[0-9a-f]{64})"
 )
 
@@ -123,9 +147,54 @@ def sign_request(
     return {"Authorization": f"{SCHEME} timestamp={timestamp},nonce={nonce},signature={signature}"}
 
 
+def _canonical_stream(method: str, path: str, timestamp: int, nonce: str, length: int) -> bytes:
+    return f"stream\n{method.upper()}\n{path}\n{timestamp}\n{nonce}\n{length}".encode()
+
+
+def sign_stream_request(
+    secret: bytes,
+    method: str,
+    path: str,
+    length: int,
+    *,
+    timestamp: int | None = None,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """Headers of a stream-signed request whose body has ``length`` bytes, tag included
+    (the body then ends with :func:`body_tagger` ``(secret, nonce, "request")``'s tag)."""
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    nonce = secrets.token_hex(16) if nonce is None else nonce
+    signature = _mac(secret, _canonical_stream(method, path, timestamp, nonce, length))
+    return {
+        "Authorization": f"{STREAM_SCHEME} timestamp={timestamp},nonce={nonce},signature={signature}"
+    }
+
+
+def body_key(secret: bytes, nonce: str, direction: str, status: int | None = None) -> bytes:
+    """The one-time Poly1305 key of a stream-signed body: the request's or, with its
+    ``status``, the response's."""
+    if direction == "request":
+        label = f"body\nrequest\n{nonce}"
+    elif direction == "response" and status is not None:
+        label = f"body\nresponse\n{status}\n{nonce}"
+    else:
+        raise ValueError(
+            f"direction must be 'request' or 'response' (with a status), got {direction!r}"
+        )
+    return hmac.new(secret, label.encode(), hashlib.sha256).digest()
+
+
+def is_streamed(headers: Mapping[str, str]) -> bool:
+    """Whether a request is stream-signed (its body, and its answer's, end with a tag)."""
+    return headers.get("Authorization", "").startswith(STREAM_SCHEME + " ")
+
+
 def request_nonce(headers: Mapping[str, str]) -> str:
     """The nonce of a signed request's ``Authorization`` header (to bind the response)."""
-    match = _AUTH_PATTERN.fullmatch(headers.get("Authorization", ""))
+    header = headers.get("Authorization", "")
+    match = (_STREAM_PATTERN if header.startswith(STREAM_SCHEME) else _AUTH_PATTERN).fullmatch(
+        header
+    )
     if match is None:
         raise Unauthorized("Authorization header missing or malformed")
     return match["nonce"]
@@ -133,7 +202,12 @@ def request_nonce(headers: Mapping[str, str]) -> str:
 
 def sign_response(secret: bytes, status: int, nonce: str, body: bytes) -> dict[str, str]:
     """The header that authenticates a response to the request carrying ``nonce``."""
-    message = f"response\n{status}\n{nonce}\n{body_digest(body)}".encode()
+    return sign_response_digest(secret, status, nonce, body_digest(body))
+
+
+def sign_response_digest(secret: bytes, status: int, nonce: str, digest: str) -> dict[str, str]:
+    """:func:`sign_response` for a body whose SHA-256 hex ``digest`` is already known."""
+    message = f"response\n{status}\n{nonce}\n{digest}".encode()
     return {RESPONSE_SIGNATURE_HEADER: _mac(secret, message)}
 
 
@@ -210,19 +284,71 @@ class RequestVerifier:
         *,
         now: float | None = None,
     ) -> str:
-        """Return the request's nonce if it is authentic, fresh and new; else raise :class:`Unauthorized`."""
+        """Return the request's nonce if it is authentic, fresh and new; else raise :class:`Unauthorized`.
+
+        A digest-signed request (:data:`SCHEME`), its whole ``body`` read.
+        """
+        match = self.check_form(headers, now=now)
+        if match.re is not _AUTH_PATTERN:
+            raise Unauthorized(f"this request must be signed with {SCHEME}, not {STREAM_SCHEME}")
+        return self.verify_digest(method, path, headers, body_digest(body), now=now)
+
+    def check_form(self, headers: Mapping[str, str], *, now: float | None = None) -> re.Match[str]:
+        """The parsed ``Authorization`` header (either scheme) if its form is right and its
+        timestamp inside the clock window; else :class:`Unauthorized`. Cheap: run it before
+        spending anything on the request."""
         header = headers.get("Authorization")
         if not header:
             raise Unauthorized(f"request is not signed: send 'Authorization: {SCHEME} ...'")
-        match = _AUTH_PATTERN.fullmatch(header)
+        pattern = _STREAM_PATTERN if header.startswith(STREAM_SCHEME + " ") else _AUTH_PATTERN
+        match = pattern.fullmatch(header)
         if match is None:
             raise Unauthorized(
-                f"Authorization must be '{SCHEME} timestamp=<int>,nonce=<32 hex>,signature=<64 hex>'"
+                f"Authorization must be '{SCHEME} (or {STREAM_SCHEME}) "
+                "timestamp=<int>,nonce=<32 hex>,signature=<64 hex>'"
             )
+        self._fresh(int(match["timestamp"]), now)
+        return match
+
+    def verify_digest(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        digest: str,
+        *,
+        now: float | None = None,
+    ) -> str:
+        """:meth:`verify` for a body whose SHA-256 hex ``digest`` the caller computed as it read."""
+        match = self.check_form(headers, now=now)
         timestamp, nonce = int(match["timestamp"]), match["nonce"]
-        want = _mac(self._secret, _canonical_request(method, path, timestamp, nonce, body))
-        if not hmac.compare_digest(match["signature"].encode(), want.encode()):
-            raise Unauthorized("signature does not match (wrong swarm secret or altered request)")
+        canonical = f"{method.upper()}\n{path}\n{timestamp}\n{nonce}\n{digest}".encode()
+        return self._accept(match, canonical, now)
+
+    def verify_stream(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        length: int,
+        *,
+        now: float | None = None,
+    ) -> str:
+        """The nonce of a stream-signed request (:data:`STREAM_SCHEME`) whose header is
+        authentic, fresh and new, checked before its body is read (``length``: its
+        Content-Length); the body's tag is checked as it is read (:func:`body_key`)."""
+        match = self.check_form(headers, now=now)
+        if match.re is not _STREAM_PATTERN:
+            raise Unauthorized(f"this request must be signed with {STREAM_SCHEME}")
+        timestamp, nonce = int(match["timestamp"]), match["nonce"]
+        canonical = _canonical_stream(method, path, timestamp, nonce, length)
+        return self._accept(match, canonical, now)
+
+    def body_key(self, nonce: str, direction: str, status: int | None = None) -> bytes:
+        """:func:`body_key` under this verifier's secret."""
+        return body_key(self._secret, nonce, direction, status)
+
+    def _fresh(self, timestamp: int, now: float | None) -> None:
         current = int(time.time() if now is None else now)
         if abs(current - timestamp) > self.clock_window_s:
             raise Unauthorized(
@@ -231,6 +357,13 @@ class RequestVerifier:
             )
         if timestamp <= self.nonces.floor:
             raise Unauthorized("stale request: older than the replay cache's floor, resend")
+
+    def _accept(self, match: re.Match[str], canonical: bytes, now: float | None) -> str:
+        timestamp, nonce = int(match["timestamp"]), match["nonce"]
+        want = _mac(self._secret, canonical)
+        if not hmac.compare_digest(match["signature"].encode(), want.encode()):
+            raise Unauthorized("signature does not match (wrong swarm secret or altered request)")
+        current = int(time.time() if now is None else now)
         if nonce in self.nonces:
             raise Unauthorized("replayed request: nonce already seen")
         self.nonces.add(nonce, timestamp, oldest_valid=current - self.clock_window_s)

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import ssl
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import torch
 
-from peer.auth import request_nonce, sign_request, verify_response
-from peer.errors import BodyTooLarge, MalformedBody
-from peer.server import MAX_JSON_BYTES, MSGPACK
-from peer.wire import Envelope, pack_envelope, unpack_envelope
+from peer.auth import (
+    body_key,
+    request_nonce,
+    sign_request,
+    sign_stream_request,
+    verify_response,
+)
+from peer.body import MSGPACK, EnvelopeBody, read_envelope_object
+from peer.errors import BodyTooLarge, MalformedBody, Unauthorized
+from peer.server import MAX_JSON_BYTES
+from peer.wire import Envelope, check_envelope, envelope_object
 
 
 class PeerUnavailable(Exception):
@@ -123,30 +132,91 @@ class PeerClient:
         if self.on_bytes is not None:
             self.on_bytes("out", len(body))
             self.on_bytes("in", len(data))
-        if status >= 500:
-            raise PeerUnavailable(address, f"HTTP {status}")
-        if status >= 400:  # a refusal: nothing is applied, so it need not be signed
-            try:
-                err = json.loads(data)
-                code, detail = str(err["error"]), str(err["detail"])
-            except (ValueError, KeyError, TypeError):
-                code, detail = "unknown", data[:200].decode(errors="replace")
-            raise RemoteRefused(address, status, code, detail)
+        if status >= 400:
+            _raise_refusal(address, status, data)
         if self.secret is not None and nonce is not None:
             verify_response(self.secret, status, nonce, data, response_headers)
         return data
 
     async def exchange(
-        self, address: str, envelope: Envelope, *, codecs: set[str] | frozenset[str] | Any
+        self,
+        address: str,
+        envelope: Envelope,
+        *,
+        codecs: set[str] | frozenset[str] | Any,
+        arena: torch.Tensor | None = None,
     ) -> Envelope:
-        """``POST /v1/exchange``: send our envelope, return the neighbour's (frame validated)."""
-        data = await self.request("POST", address, "/v1/exchange", pack_envelope(envelope))
-        return unpack_envelope(data, max_bytes=self.max_body_bytes, codecs=codecs)
+        """``POST /v1/exchange``: send our envelope, return the neighbour's (frame validated).
+
+        Our envelope streams from its tensors' memory; the answer's tensor bytes land in
+        ``arena`` (a byte buffer the caller reuses once it is done with the answer) or in a
+        fresh buffer.
+        """
+        obj = await self._envelope_call("POST", address, "/v1/exchange", envelope, arena=arena)
+        return check_envelope(obj, codecs=codecs)
 
     async def state(self, address: str, *, codecs: Any) -> Envelope:
         """``GET /v1/state``: the neighbour's full model as a dense envelope."""
-        data = await self.request("GET", address, "/v1/state")
-        return unpack_envelope(data, max_bytes=self.max_body_bytes, codecs=codecs)
+        obj = await self._envelope_call("GET", address, "/v1/state", None)
+        return check_envelope(obj, codecs=codecs)
+
+    async def _envelope_call(
+        self,
+        method: str,
+        address: str,
+        path: str,
+        envelope: Envelope | None,
+        *,
+        arena: torch.Tensor | None = None,
+    ) -> Any:
+        """One stream-signed call whose request and answer are envelopes: the request body
+        is written from its tensors' memory with its tag computed as it goes, the answer
+        parsed and authenticated as it arrives (``peer.body``)."""
+        nonce = secrets.token_hex(16) if self.secret is not None else None
+        tag_key = (
+            body_key(self.secret, nonce, "request")
+            if self.secret is not None and nonce is not None and envelope is not None
+            else None
+        )
+        body = EnvelopeBody(envelope_object(envelope), tag_key=tag_key) if envelope else None
+        length = body.size or 0 if body is not None else 0
+        headers: dict[str, str] = {}
+        if self.secret is not None:
+            headers.update(sign_stream_request(self.secret, method, path, length, nonce=nonce))
+        url = f"{self.scheme}://{address}{path}"
+        try:
+            async with self._get_session().request(
+                method, url, data=body, headers=headers
+            ) as response:
+                status = response.status
+                if status >= 400:
+                    data = await _read_capped(response, MAX_JSON_BYTES)
+                else:
+                    response_key = (
+                        body_key(self.secret, nonce, "response", status)
+                        if self.secret is not None and nonce is not None
+                        else None
+                    )
+                    try:
+                        obj, _ = await read_envelope_object(
+                            response.content,
+                            length=response.content_length,
+                            cap=self.max_body_bytes,
+                            arena=arena,
+                            tag_key=response_key,
+                        )
+                    except Unauthorized as error:
+                        raise Unauthorized(
+                            f"response signature missing or wrong: {error.detail}"
+                        ) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+            raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
+        if self.on_bytes is not None:
+            self.on_bytes("out", length)
+            self.on_bytes("in", response.content_length or 0)
+        if status >= 400:
+            _raise_refusal(address, status, data)
+        return obj
 
     async def join(self, address: str, peer_id: str, own_address: str | None) -> dict[str, Any]:
         """``POST /v1/join``: announce ourselves; returns ``{"v", "id", "peers"}``."""
@@ -165,6 +235,19 @@ class PeerClient:
         """``GET /v1/peers``: the neighbour's membership view."""
         data = await self.request("GET", address, "/v1/peers", max_body_bytes=MAX_JSON_BYTES)
         return _json_view(data)
+
+
+def _raise_refusal(address: str, status: int, data: bytes) -> None:
+    """A 5xx as :class:`PeerUnavailable`; a 4xx (a refusal: nothing was applied, so it need
+    not be signed) as :class:`RemoteRefused` with its JSON error code and detail."""
+    if status >= 500:
+        raise PeerUnavailable(address, f"HTTP {status}")
+    try:
+        err = json.loads(data)
+        code, detail = str(err["error"]), str(err["detail"])
+    except (ValueError, KeyError, TypeError):
+        code, detail = "unknown", data[:200].decode(errors="replace")
+    raise RemoteRefused(address, status, code, detail)
 
 
 def _json_view(data: bytes) -> dict[str, Any]:

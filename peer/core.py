@@ -155,8 +155,27 @@ class PeerCore:
         return [m for m in members if m.address in partners]
 
     def _snapshot(self) -> torch.Tensor:
+        """A copy of the model on the CPU (one copy: a GPU model goes straight to host)."""
         with self.lock:
-            return self.flat.vector.clone()
+            return self.flat.vector.to("cpu", copy=True)
+
+    @property
+    def retains_messages(self) -> bool:
+        """Whether a received message outlives its request (sync rounds keep it until the
+        round's combine): if not, the server reads exchanges into reused buffers."""
+        return self.config.mode != "async"
+
+    @property
+    def pin_buffers(self) -> bool:
+        """Receive and send buffers are page-locked when the model is on a GPU (one DMA copy
+        each way, no pageable staging)."""
+        return self.device.type == "cuda"
+
+    @property
+    def body_timeout_s(self) -> float:
+        """How long a request body may take to arrive (the server's body deadline): the
+        same as an outgoing call's total timeout."""
+        return self.config.request_timeout_s
 
     def _envelope(self, vector: torch.Tensor) -> Envelope:
         return self._envelope_of(self.codec.encode(vector.cpu()))

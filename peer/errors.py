@@ -116,6 +116,13 @@ class NotReady(ProtocolError):
     code = "not_ready"
 
 
+class SlowBody(ProtocolError):
+    """The request body did not arrive within the peer's body deadline (the slot is freed)."""
+
+    status = 408
+    code = "body_timeout"
+
+
 ERROR_CLASSES: tuple[type[ProtocolError], ...] = (
     MalformedBody,
     UnsupportedVersion,
@@ -130,5 +137,6 @@ ERROR_CLASSES: tuple[type[ProtocolError], ...] = (
     UnknownPeer,
     Busy,
     NotReady,
+    SlowBody,
 )
 """Every error a peer answers with; docs/protocol.md and openapi.yaml list the same codes."""

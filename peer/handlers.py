@@ -13,7 +13,6 @@ payload) and then calls one of these; they answer from the peer's state:
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
@@ -24,6 +23,7 @@ from peer.errors import InvalidSender, MalformedBody, UnknownPeer
 from peer.membership import check_address
 from peer.pairwise import PairwiseExchange
 from peer.sync_round import SyncRound
+from peer.threads import in_thread
 from peer.wire import PROTOCOL_VERSION, Envelope, check_sender
 
 
@@ -58,7 +58,7 @@ class ServerHandlers(PairwiseExchange, SyncRound):
 
     async def state_envelope(self) -> Envelope:
         """Serve ``GET /v1/state``: the current model, uncompressed."""
-        vector = await asyncio.to_thread(self._snapshot)
+        vector = await in_thread(self._snapshot)
         return Envelope(
             sender=self.peer_id,
             round=self.round,

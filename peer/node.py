@@ -28,8 +28,9 @@ evaluation under the model lock), :mod:`peer.pairwise`, :mod:`peer.sync_round`,
 and the round loop.
 
 Model copies held (d = parameter count; an edge device sizes for these): the
-model itself, the flat gradient, the optimizer's state, the reused send buffer
-and its request body, the answer being mixed, three per exchange served (at
+model itself, the flat gradient, the optimizer's state, the reused send buffer (the
+request streams from it), the reused buffer the answer lands in, two per exchange
+served (the request's buffer and the averaging result the answer streams from; at
 most ``max_concurrent_exchanges`` at once: the server answers ``409 busy``
 beyond it before reading the body), and in sync mode this round's message and the
 inbox: up to two rounds of each neighbour's message (2k), or up to nine for push-sum

@@ -22,10 +22,12 @@ import time
 import torch
 
 from gossip.pairwise import PairwiseGossip
+from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.core import PeerCore
 from peer.errors import Busy, ProtocolError, UnknownPeer
 from peer.membership import Member
+from peer.threads import in_thread
 from peer.wire import Envelope
 
 
@@ -42,6 +44,7 @@ class PairwiseExchange(PeerCore):
     def _init_pairwise(self) -> None:
         self._in_flight = set()
         self._send_buffer = None
+        self._answer_arenas = ArenaPool(1, pin=self.pin_buffers)
 
     async def _gossip_async(self) -> int:
         neighbours = self._neighbours()
@@ -61,7 +64,9 @@ class PairwiseExchange(PeerCore):
         """
         with self.lock:
             if self._send_buffer is None:
-                self._send_buffer = torch.empty_like(self.flat.vector, device="cpu")
+                self._send_buffer = torch.empty_like(
+                    self.flat.vector, device="cpu", pin_memory=self.pin_buffers
+                )
             self._send_buffer.copy_(self.flat.vector)
             return self._send_buffer
 
@@ -69,17 +74,20 @@ class PairwiseExchange(PeerCore):
         assert member.address is not None
         self._in_flight.add(member.id)
         try:
-            sent = await asyncio.to_thread(self._snapshot_into_buffer)
+            sent = await in_thread(self._snapshot_into_buffer)
             started = time.perf_counter()
+            arena = self._answer_arenas.take(self.max_body_bytes)
             try:
+                envelope = await in_thread(self._envelope, sent)
                 reply = await self._client().exchange(
-                    member.address, self._envelope(sent), codecs=self.codecs
+                    member.address, envelope, codecs=self.codecs, arena=arena
                 )
                 if reply.sender != member.id:
                     raise UnknownPeer(
                         f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
                     )
-                averaged = self.codecs[reply.codec].decode(reply.payload, self.spec)
+                codec = self.codecs[reply.codec]
+                averaged = await in_thread(codec.decode, reply.payload, self.spec)
             except RemoteRefused as error:
                 if error.code == Busy.code:  # it is averaging with us right now, as the callee
                     self.metrics.exchanges(role="caller", outcome="busy").inc()
@@ -96,6 +104,7 @@ class PairwiseExchange(PeerCore):
             await asyncio.to_thread(self._add_locked, averaged, sent)
         finally:
             self._in_flight.discard(member.id)
+            self._answer_arenas.give(arena)  # nothing views it any more
         self.membership.record_success(member.id)
         self.metrics.exchanges(role="caller", outcome="ok").inc()
         self.health.record(ok=1)
@@ -117,9 +126,9 @@ class PairwiseExchange(PeerCore):
             # then added (average - sent) as caller, the pair would swap models; the
             # smaller id declines, so the pair averages exactly once.
             raise Busy(f"{self.peer_id} is exchanging with {envelope.sender} as the caller")
-        averaged = await asyncio.to_thread(self._average_locked, vector.to(self.spec.dtype))
+        averaged = await in_thread(self._average_locked, vector.to(self.spec.dtype))
         self.health.record(ok=1)  # averaged as the callee: this peer is not alone
-        return self._envelope(averaged)
+        return await in_thread(self._envelope, averaged)
 
     def _average_locked(self, other: torch.Tensor) -> torch.Tensor:
         """The callee's half, ``gossip.PairwiseGossip.callee_answer``: adopt

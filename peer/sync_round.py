@@ -38,6 +38,7 @@ from peer.client import PeerUnavailable, RemoteRefused
 from peer.core import PeerCore
 from peer.errors import Busy, ProtocolError, UnknownPeer
 from peer.membership import Member
+from peer.threads import in_thread
 from peer.wire import Envelope
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class SyncRound(PeerCore):
             overdue = self._take_late(t)
         if overdue:
             await asyncio.to_thread(self._late_locked, overdue, t)
-        payload, sent = await asyncio.to_thread(self._message_locked)
+        payload, sent = await in_thread(self._message_locked)
         async with self._changed:
             self._published = self._envelope_of(payload)
             self._sent = sent
@@ -225,7 +226,8 @@ class SyncRound(PeerCore):
                 raise UnknownPeer(
                     f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
                 )
-            vector = self.codecs[reply.codec].decode(reply.payload, self.message_spec)
+            codec = self.codecs[reply.codec]
+            vector = await in_thread(codec.decode, reply.payload, self.message_spec)
         except RemoteRefused as error:
             busy = error.code == Busy.code  # at its bound of concurrent exchanges: alive
             self.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
@@ -276,7 +278,7 @@ class SyncRound(PeerCore):
         if reply is None:  # no round of ours yet
             if not self.algorithm.message_is_model:  # nothing the rule has accounted for
                 raise Busy(f"{self.peer_id} has not published a round yet")
-            reply = self._envelope(await asyncio.to_thread(self._snapshot))
+            reply = await in_thread(lambda: self._envelope(self._snapshot()))
         if self.attack is not None:
             if self._sent is None:
                 raise Busy(f"{self.peer_id} has not published a round yet")
@@ -322,7 +324,7 @@ class SyncRound(PeerCore):
             )
             return dataclasses.replace(envelope, payload=self.codec.encode(message.cpu()))
 
-        return await asyncio.to_thread(attack)
+        return await in_thread(attack)
 
     # ------------------------------------------------------------------ inbox and the rule
 

@@ -52,6 +52,8 @@ from peer.errors import (
     UnknownCodec,
     UnsupportedVersion,
 )
+from peer.msgpack_stream import SPLICE_BYTES as SPLICE_BYTES
+from peer.msgpack_stream import segments
 
 # PROTOCOL_VERSION (imported above, gossip.compression's) is the envelope version this
 # peer writes; SUPPORTED_VERSIONS lists what it reads.
@@ -185,58 +187,24 @@ def unpack(body: bytes, *, max_bytes: int) -> Any:
         raise MalformedBody(f"body is not a single msgpack object: {error}") from None
 
 
-SPLICE_BYTES = 1 << 16
-"""A trailing buffer at least this large is spliced into the body instead of packed."""
-
-
-def _bin_header(length: int) -> bytes:
-    if length < 1 << 8:
-        return b"\xc4" + length.to_bytes(1, "big")
-    if length < 1 << 16:
-        return b"\xc5" + length.to_bytes(2, "big")
-    return b"\xc6" + length.to_bytes(4, "big")
-
-
-def _detach_tail(obj: dict[str, Any]) -> tuple[dict[str, Any], memoryview | bytes | None]:
-    """Copy the chain of last map values down to a trailing large buffer, replacing it by b""."""
-    if not obj:
-        return obj, None
-    key = next(reversed(obj))
-    value = obj[key]
-    if isinstance(value, dict):
-        inner, tail = _detach_tail(value)
-        return ({**obj, key: inner}, tail) if tail is not None else (obj, None)
-    if isinstance(value, memoryview | bytes | bytearray) and len(value) >= SPLICE_BYTES:
-        return {**obj, key: b""}, value if isinstance(value, memoryview | bytes) else bytes(value)
-    return obj, None
+def envelope_object(envelope: Envelope) -> dict[str, Any]:
+    """The msgpack map of an envelope, keys in ``gossip.compression.ENVELOPE_KEYS`` order
+    (its tensor bytes stay views of the sender's memory)."""
+    return envelope_fields(
+        version=envelope.version,
+        sender=envelope.sender,
+        round=envelope.round,
+        step=envelope.step,
+        codec=envelope.codec,
+        payload=dict(envelope.payload),
+    )
 
 
 def pack_envelope(envelope: Envelope) -> bytes:
-    """The msgpack body of an envelope.
-
-    The big tensor bytes are the body's last item (the payload's last field), so
-    they are spliced in with one ``bytes.join`` copy rather than grown into
-    msgpack's buffer: exactly the bytes of ``msgpack.packb`` (the bin header is
-    msgpack's own, the narrowest that fits), so ``len`` of the result is
-    :func:`gossip.compression.envelope_bytes` of the payload's packed size.
-    """
-    obj, tail = _detach_tail(
-        envelope_fields(
-            version=envelope.version,
-            sender=envelope.sender,
-            round=envelope.round,
-            step=envelope.step,
-            codec=envelope.codec,
-            payload=dict(envelope.payload),
-        )
-    )
-    head = pack(obj)
-    if tail is None:
-        return head
-    if not head.endswith(b"\xc4\x00"):  # the empty bin standing in for the tail
-        raise RuntimeError("envelope tail splice: packed head does not end in an empty bin")
-    tail_bytes = tail.nbytes if isinstance(tail, memoryview) else len(tail)
-    return b"".join((head[:-2], _bin_header(tail_bytes), tail))
+    """The msgpack body of an envelope, joined (``msgpack.packb`` of :func:`envelope_object`,
+    byte for byte, so ``len`` of it is :func:`gossip.compression.envelope_bytes`). The wire
+    path does not join: :class:`peer.body.EnvelopeBody` streams the same bytes."""
+    return b"".join(segments(envelope_object(envelope)))
 
 
 _ENVELOPE_KEYS = frozenset(ENVELOPE_KEYS)
@@ -248,7 +216,11 @@ def unpack_envelope(body: bytes, *, max_bytes: int, codecs: Collection[str]) -> 
     Raises :class:`BodyTooLarge`, :class:`MalformedBody`, :class:`UnsupportedVersion`,
     :class:`UnknownCodec`, :class:`InvalidSender` or :class:`InvalidRound`.
     """
-    obj = unpack(body, max_bytes=max_bytes)
+    return check_envelope(unpack(body, max_bytes=max_bytes), codecs=codecs)
+
+
+def check_envelope(obj: object, *, codecs: Collection[str]) -> Envelope:
+    """Validate a decoded msgpack object as an envelope frame (not yet its tensors)."""
     if not isinstance(obj, dict):
         raise MalformedBody(f"body must be a msgpack map, got {type(obj).__name__}")
     missing = sorted(_ENVELOPE_KEYS - set(obj))
@@ -258,7 +230,7 @@ def unpack_envelope(body: bytes, *, max_bytes: int, codecs: Collection[str]) -> 
             f"envelope keys must be {sorted(_ENVELOPE_KEYS)}; missing {missing}, unexpected {extra}"
         )
     version = obj["v"]
-    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
             f"v must be one of {sorted(SUPPORTED_VERSIONS)}, got {version!r:.40}"
         )
