@@ -35,7 +35,9 @@ fp16        round-to-nearest float16                                      biased
 bf16        round-to-nearest bfloat16                                     biased
 qsgd        s * q / L, q = floor(L x / s + u), u ~ U[0,1) (Alistarh 2017)  unbiased
 topk        the k = ceil(ratio d) largest-magnitude coordinates           biased
-randk       k coordinates chosen uniformly at random (unscaled)           biased
+            (ties to the lower index, NaN counts as the largest)
+randk       k coordinates chosen uniformly at random (unscaled):          biased
+            the k largest of d U[0,1) keys, ties to the lower index
 ==========  ===========================================================  =========
 
 Any lossy codec takes ``feedback=true`` to add error feedback (Seide et al. 2014; Stich et
@@ -46,9 +48,18 @@ One job per module: :mod:`~gossip.compression.errors` (what a receiver refuses),
 :mod:`~gossip.compression.wire_dtypes` (the dtype vocabulary, bytes in and out),
 :mod:`~gossip.compression.base` (the contract), :mod:`~gossip.compression.dense`,
 :mod:`~gossip.compression.quantization`, :mod:`~gossip.compression.sparse`,
-:mod:`~gossip.compression.feedback` (the codecs), :mod:`~gossip.compression.registry` (the
-table, specs, dispatch) and :mod:`~gossip.compression.envelope` (the message around a
-payload and its size).
+:mod:`~gossip.compression.feedback` (the codecs), :mod:`~gossip.compression.slabs` (walking
+a large vector in cache-sized slabs, noise drawn in stream order),
+:mod:`~gossip.compression.selection` (the sparsifiers' exact k largest, ties to the lower
+index), :mod:`~gossip.compression.registry` (the table, specs, dispatch) and
+:mod:`~gossip.compression.envelope` (the message around a payload and its size).
+
+**Speed at model sizes.** Every codec is vectorized and allocates nothing of the vector's
+size beyond its output: qsgd quantizes and packs a slab at a time in a reused workspace,
+top-k and rand-k keep only the candidates above a threshold, error feedback reuses its
+residual's memory, and :meth:`Compressor.wire_bytes` is counted without encoding.
+``bench/compressors.py`` prints encode and decode at 10M and 100M parameters beside
+``clone()``.
 """
 
 from gossip.compression.base import (

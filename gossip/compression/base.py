@@ -67,11 +67,34 @@ def uniform(like: Tensor, generator: Randomness) -> Tensor:
                 f"generator: one per row needs {like.shape[0] if like.dim() else 0} generators, "
                 f"got {len(generators)}"
             )
-        rows = [uniform(like[i], g) for i, g in enumerate(generators)]
-        return torch.stack(rows) if rows else like.new_empty(like.shape, dtype=torch.float32)
+        noise = torch.empty(like.shape, dtype=torch.float32, device=like.device)
+        for row, g in zip(noise, generators):  # each row drawn straight into its place
+            if g.device == like.device:
+                torch.rand(row.shape, generator=g, out=row)
+            else:
+                row.copy_(torch.rand(row.shape, generator=g, device=g.device))
+        return noise
     source = like.device if generator is None else generator.device
     noise = torch.rand(like.shape, generator=generator, dtype=torch.float32, device=source)
     return noise.to(like.device)
+
+
+def _bin_header(length: int) -> int:
+    """Bytes of msgpack's header for a ``bin`` of ``length`` bytes (bin 8, 16 or 32)."""
+    return 2 if length < 1 << 8 else 3 if length < 1 << 16 else 5
+
+
+def packed_size(payload: Mapping[str, Any]) -> int:
+    """``len(msgpack.packb(payload))`` without packing its byte fields: the map packed
+    with those fields empty, plus each one's length and the growth of its header."""
+    sizes = {
+        key: len(value) if isinstance(value, bytes) else value.nbytes
+        for key, value in payload.items()
+        if isinstance(value, bytes | memoryview)
+    }
+    skeleton = {key: b"" if key in sizes else value for key, value in payload.items()}
+    extra = sum(size + _bin_header(size) - _bin_header(0) for size in sizes.values())
+    return len(msgpack.packb(skeleton)) + extra
 
 
 def check_input(x: Tensor, *, batched: bool) -> None:
@@ -137,9 +160,15 @@ class Compressor(ABC):
         """Wire path: ``x [d] -> payload`` (``str -> str | int | bytes``, raw little-endian).
 
         A byte field may view ``x``'s own memory (the ``none`` codec of a contiguous CPU
-        tensor): serialize the payload before writing into ``x``.
+        tensor) or the codec's fresh output (qsgd's packed levels, a sparsifier's pairs):
+        serialize the payload before writing into ``x``. Only the payload is computed, not
+        what receivers will decode (:meth:`encode_and_decode` gives both).
         """
-        return self.encode_and_decode(x, generator)[0]
+        check_input(x, batched=False)
+        d = x.shape[0]
+        payload: Payload = {"codec": self.codec}
+        payload.update(self._serialize(self._encode_fields(x, generator), d))
+        return payload
 
     def encode_and_decode(self, x: Tensor, generator: Randomness = None) -> tuple[Payload, Tensor]:
         """Wire path for a sender that also needs what receivers will decode (CHOCO's x̂)."""
@@ -181,15 +210,23 @@ class Compressor(ABC):
 
     def wire_bytes(self, d: int, dtype: torch.dtype = torch.float32) -> int:
         """Exact ``len(msgpack.packb(self.encode(x)))`` for any ``x`` of length ``d`` and
-        ``dtype`` (only the ``none`` codec's size depends on the dtype)."""
+        ``dtype`` (only the ``none`` codec's size depends on the dtype).
+
+        Computed without encoding: the payload of unfilled fields of the right sizes
+        (:meth:`_empty_fields`, never written, so no memory is touched), packed with empty
+        byte fields, plus each byte field's length and its msgpack ``bin`` header.
+        """
         key = (d, dtype)
         if key not in self._wire_bytes:
-            probe = torch.zeros(d, dtype=dtype, device="cpu")  # a size probe, once per key
-            fields = self._encode_fields(probe, torch.Generator().manual_seed(0))
             payload: Payload = {"codec": self.codec}
-            payload.update(self._serialize(fields, d))
-            self._wire_bytes[key] = len(msgpack.packb(payload))
+            payload.update(self._serialize(self._empty_fields(d, dtype), d))
+            self._wire_bytes[key] = packed_size(payload)
         return self._wire_bytes[key]
+
+    @abstractmethod
+    def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
+        """Unbatched field tensors of the sizes a length-``d`` ``dtype`` vector encodes to,
+        unfilled (``torch.empty``): only their sizes are read."""
 
     def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to forget
         """Forget per-node state (only :class:`ErrorFeedback` has any)."""

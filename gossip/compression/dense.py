@@ -30,9 +30,10 @@ __all__ = ["BFloat16", "Float16", "NoCompression"]
 
 
 def _dense_fields(
-    payload: Mapping[str, Any], d: int, allowed: tuple[str, ...], why: str
+    payload: Mapping[str, Any], d: int, allowed: tuple[str, ...], why: str, *, finite: bool = True
 ) -> dict[str, Tensor]:
-    """A dense payload's ``data``: d finite values of one of the ``allowed`` wire dtypes."""
+    """A dense payload's ``data``: d values of one of the ``allowed`` wire dtypes, checked
+    finite unless the caller checks what it decodes them to (``finite=False``)."""
     wire = read_field(payload, "dtype", str)
     if wire not in allowed:
         expected = repr(allowed[0]) if len(allowed) == 1 else f"one of {list(allowed)}"
@@ -42,7 +43,8 @@ def _dense_fields(
             field="dtype",
         )
     data = from_bytes(read_field(payload, "data", bytes), wire, d, "data")
-    require_finite(data, "data")
+    if finite:
+        require_finite(data, "data")
     return {"data": data}
 
 
@@ -69,6 +71,9 @@ class NoCompression(Compressor):
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:
         return fields["data"]
 
+    def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
+        return self._encode_fields(torch.empty(d, dtype=dtype), None)
+
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         wire = WIRE_DTYPE_NAMES[fields["data"].dtype]
         return {"dtype": wire, "data": to_bytes(fields["data"], wire)}
@@ -89,16 +94,30 @@ class _Cast(Compressor):
         return self.codec
 
     def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
-        return {"data": x.to(self.dtype)}
+        # always a new tensor: a lossy codec's payload never views its input (ErrorFeedback
+        # reuses the input's memory)
+        return {"data": x.to(self.dtype, copy=True)}
 
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:
         return fields["data"].to(torch.float32)
+
+    def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
+        return {"data": torch.empty(d, dtype=self.dtype)}
 
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         return {"dtype": self.wire_dtype, "data": to_bytes(fields["data"], self.wire_dtype)}
 
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
-        return _dense_fields(payload, d, (self.wire_dtype,), f" for codec {self.codec!r}")
+        why = f" for codec {self.codec!r}"
+        return _dense_fields(payload, d, (self.wire_dtype,), why, finite=False)
+
+    def decode(self, payload: Mapping[str, Any], d: int) -> Tensor:
+        """Validate and widen to float32; the finiteness check runs on the float32 result
+        (widening keeps NaN and infinity, and a float32 sum is one cheap pass, where a sum
+        of 16-bit values would first widen a copy of them)."""
+        values = super().decode(payload, d)
+        require_finite(values, "data")
+        return values
 
 
 class Float16(_Cast):

@@ -14,8 +14,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gossip.compression import slabs as layout
 from gossip.compression.base import Compressor, Payload, Randomness, uniform
 from gossip.compression.errors import PayloadError
+from gossip.compression.slabs import (
+    Slab,
+    check_generators,
+    chunked,
+    draw_uniform,
+    lcm,
+    slabs,
+)
 from gossip.compression.wire_dtypes import (
     from_bytes,
     read_field,
@@ -32,14 +41,26 @@ class StochasticQuantization(Compressor):
 
     ``C(x)_i = s_b q_i / L`` with ``s_b = max_{i in block b} |x_i|``, ``L = 2^(bits-1) - 1``
     and ``q_i = floor(L x_i / s_b + u_i)``, ``u_i ~ U[0, 1)``: unbiased, ``E[C(x)] = x``.
+    In float32, in this order: ``t = x_i / s_b`` (``s_b = 1`` for an all-zero block),
+    ``t * L``, ``+ u_i``, floor, clamped to ``[-L, L]``. A block holding NaN or infinity has
+    a non-finite scale: a receiver refuses it, and the batched path decodes that block to
+    non-finite values.
 
     Args:
         bits: 2, 4 or 8; each coordinate travels as ``bits`` bits (levels ``q + L`` packed
-            little-end first into bytes).
+            little-end first into bytes, the last byte padded with level ``L``).
         block: coordinates per scale (the last block may be shorter).
 
     Wire fields: ``bits``, ``block`` (ints), ``scale`` (``ceil(d/block)`` ``<f4``),
     ``level`` (``ceil(d*bits/8)`` bytes).
+
+    Both halves run one cache-sized slab at a time (:mod:`gossip.compression.slabs`): the
+    block maxima, the quantization and the packing (exact float arithmetic,
+    ``sum_j u_j 2^(bits j) <= 255``) of a slab happen in a reused workspace, and the noise is
+    drawn slab by slab in stream order, so the numbers are the definition's with no
+    temporary of the vector's size; decoding looks each byte's levels up in a 256-entry
+    table (``q = level - L`` of each field) and scales them in place. On an accelerator the
+    same kernels run over the whole tensor as one slab.
     """
 
     codec = "qsgd"
@@ -55,59 +76,210 @@ class StochasticQuantization(Compressor):
         self.bits = bits
         self.block = block
         self.levels = 2 ** (bits - 1) - 1
+        self.per_byte = 8 // bits
+        fields = (torch.arange(256)[:, None] >> torch.arange(0, 8, bits)) & ((1 << bits) - 1)
+        self._table = (fields - self.levels).to(torch.float32)  # byte -> its q = level - L
+        self._bad_bytes = (fields > 2 * self.levels).any(dim=1).numpy()  # holds a level > 2L
 
     @property
     def spec(self) -> str:
         return f"qsgd:bits={self.bits},block={self.block}"
 
-    def _blocks(self, x: Tensor) -> Tensor:
-        """``[*, d] -> [*, ceil(d / block), width]``, zero padded; a block wider than d is one
-        block of width d (never allocate more than 2d, whatever ``block`` a payload claims)."""
-        d = x.shape[-1]
-        width = min(self.block, d)
-        padded = math.ceil(d / width) * width
-        x = torch.nn.functional.pad(x, (0, padded - d))
-        return x.unflatten(-1, (padded // width, width))
+    def _width(self, d: int) -> int:
+        """Coordinates per block for length d: a block wider than d is one block of width d
+        (never allocate more than d, whatever ``block`` a payload claims)."""
+        return min(self.block, d)
 
+    def _align(self, d: int) -> int:
+        """Slabs start on a block and on a byte of packed levels."""
+        return lcm(self._width(d), self.per_byte)
+
+    def _padded(self, columns: int) -> int:
+        """A slab's columns rounded up to a whole byte of packed levels."""
+        return math.ceil(columns / self.per_byte) * self.per_byte
+
+    def _plan(self, n: int, d: int, whole: bool) -> tuple[list[Slab], int]:
+        """The slabs of ``[n, d]`` (one, when ``whole``) and the workspace they need."""
+        plan = [Slab(0, n, 0, d)] if whole else list(slabs(n, d, align=self._align(d)))
+        size = max((slab.shape[0] * self._padded(slab.shape[1]) for slab in plan), default=0)
+        return plan, size
+
+    # -- encode --------------------------------------------------------------------
     def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
+        check_generators(generator, x)
         d = x.shape[-1]
+        batch = x.shape[:-1]
         x = x.to(torch.float32)
-        blocks = self._blocks(x)  # [*, nblocks, block], zero padded
-        scale = blocks.abs().amax(dim=-1)  # [*, nblocks]
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        level = (blocks / safe.unsqueeze(-1)).flatten(-2)[..., :d] * self.levels
-        noise = uniform(x, generator)
-        q = torch.floor(level + noise).clamp_(-self.levels, self.levels)
-        return {"scale": scale, "level": self._pack(q.to(torch.int16) + self.levels)}
+        rows = x.reshape(-1, d)
+        n = rows.shape[0]
+        width = self._width(d)
+        scale = rows.new_empty((n, math.ceil(d / width)))
+        level = torch.empty(
+            (n, math.ceil(d / self.per_byte)), dtype=torch.uint8, device=rows.device
+        )
+        whole = not chunked(rows, generator)  # an accelerator: one slab, drawn at once
+        plan, size = self._plan(n, d, whole)
+        work = rows.new_empty(size)
+        scratch = torch.empty_like(work, dtype=torch.int16)
+        noise_buffer = uniform(x, generator).reshape(n, d) if whole else torch.empty_like(work)
+        for slab in plan:
+            r, c = slab.shape
+            noise = noise_buffer if whole else noise_buffer[: r * c].view(r, c)
+            if not whole:
+                draw_uniform(noise, generator, slab, n)
+            self._quantize(rows, slab, noise, work, scratch, scale, level)
+        return {
+            "scale": scale.reshape(*batch, scale.shape[1]),
+            "level": level.reshape(*batch, level.shape[1]),
+        }
 
-    def _pack(self, unsigned: Tensor) -> Tensor:
-        per_byte = 8 // self.bits
-        d = unsigned.shape[-1]
-        padded = math.ceil(d / per_byte) * per_byte
-        u = torch.nn.functional.pad(unsigned, (0, padded - d), value=self.levels)
-        u = u.to(torch.uint8).unflatten(-1, (padded // per_byte, per_byte))
-        packed = u[..., 0].clone()
-        for position in range(1, per_byte):  # at most 4 bit positions, each one vector op
-            packed |= u[..., position] << (position * self.bits)
-        return packed
+    def _quantize(
+        self,
+        rows: Tensor,
+        slab: Slab,
+        noise: Tensor,
+        work: Tensor,
+        scratch: Tensor,
+        scale: Tensor,
+        level: Tensor,
+    ) -> None:
+        """Write one slab's block scales into ``scale`` and its packed levels into ``level``;
+        ``work`` (float32) and ``scratch`` (int16) are scratch, and ``noise`` (the slab's
+        draws) is consumed."""
+        r, c = slab.shape
+        d = rows.shape[1]
+        width = self._width(d)
+        full = c // width * width  # coordinates in full-width blocks
+        first = slab.col // width
+        blocks = math.ceil(c / width)
+        padded = math.ceil(c / self.per_byte) * self.per_byte
+        source = rows[slab.row : slab.row_end, slab.col : slab.col_end]
+        buffer = work[: r * padded].view(r, padded)
+        t = buffer[:, :c]
+        torch.abs(source, out=t)
+        s = scale[slab.row : slab.row_end, first : first + blocks]
+        if full:
+            s[:, : full // width] = t[:, :full].unflatten(-1, (-1, width)).amax(dim=-1)
+        if full < c:  # the last block of a row, shorter
+            s[:, full // width :] = t[:, full:].amax(dim=-1, keepdim=True)
+        safe = torch.where(s > 0, s, 1.0)
+        if full:
+            torch.div(
+                source[:, :full].unflatten(-1, (-1, width)),
+                safe[:, : full // width, None],
+                out=t[:, :full].unflatten(-1, (-1, width)),
+            )
+        if full < c:
+            torch.div(source[:, full:], safe[:, full // width :], out=t[:, full:])
+        t.mul_(self.levels).add_(noise).floor_().clamp_(-self.levels, self.levels)
+        t.add_(self.levels)  # the unsigned level q + L, in [0, 2L]
+        if self.per_byte == 1:
+            packed = t
+        else:
+            buffer[:, c:].fill_(self.levels)  # a row's last byte is padded with level L
+            fields = buffer.view(r, padded // self.per_byte, self.per_byte)
+            packed = noise.view(-1)[: r * fields.shape[1]].view(r, -1)  # the noise is spent
+            torch.mul(fields[..., -1], 1 << self.bits, out=packed)
+            for position in range(self.per_byte - 2, 0, -1):  # Horner: sum_j u_j 2^(bits j)
+                packed.add_(fields[..., position]).mul_(1 << self.bits)
+            packed.add_(fields[..., 0])
+        # float -> int16 -> uint8 (exact for 0..255): several times faster than float -> uint8
+        narrow = scratch[: packed.numel()].view(packed.shape)
+        narrow.copy_(packed)
+        start = slab.col // self.per_byte
+        level[slab.row : slab.row_end, start : start + packed.shape[1]].copy_(narrow)
 
-    def _unpack(self, packed: Tensor, d: int) -> Tensor:
-        per_byte = 8 // self.bits
-        shifts = torch.arange(per_byte, device=packed.device, dtype=torch.int16) * self.bits
-        u = (packed.to(torch.int16).unsqueeze(-1) >> shifts) & (2**self.bits - 1)
-        return u.flatten(-2)[..., :d]
+    def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
+        return {
+            "scale": torch.empty(math.ceil(d / self._width(d))),
+            "level": torch.empty(math.ceil(d / self.per_byte), dtype=torch.uint8),
+        }
+
+    # -- decode --------------------------------------------------------------------
+    def _unpack(self, packed: Tensor, out: Tensor, whole: bool) -> None:
+        """``q = level - L`` (float32) of every field of ``packed [r, b]`` into ``out [r, b *
+        per_byte]`` (contiguous; the padding of a last byte included): one look-up per byte
+        in the table of its fields, ``(byte >> bits j) & (2^bits - 1)``, minus L."""
+        if self.per_byte == 1:  # one field per byte: a widening copy
+            out.copy_(packed).sub_(self.levels)
+        elif not whole:  # CPU slabs: numpy's take with out= beats torch's gathers here
+            table = self._table.numpy()
+            fields = out.numpy().reshape(*packed.shape, self.per_byte)
+            np.take(table, packed.numpy(), axis=0, out=fields, mode="clip")
+        else:
+            table = self._table.to(packed.device)
+            out.view(*packed.shape, self.per_byte).copy_(table[packed.long()])
 
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:
-        q = (self._unpack(fields["level"], d) - self.levels).to(torch.float32)
-        step = fields["scale"] / self.levels
-        return (self._blocks(q) * step.unsqueeze(-1)).flatten(-2)[..., :d]
+        level, scale = fields["level"], fields["scale"]
+        batch = level.shape[:-1]
+        packed = level.reshape(-1, level.shape[-1])
+        n = packed.shape[0]
+        step = scale.reshape(n, scale.shape[-1]) / self.levels
+        out = torch.empty((n, d), dtype=torch.float32, device=level.device)
+        whole = not chunked(packed, None)
+        plan, size = self._plan(n, d, whole)
+        work: Tensor | None = None
+        for slab in plan:
+            r, c = slab.shape
+            target = out[slab.row : slab.row_end, slab.col : slab.col_end]  # contiguous
+            start = slab.col // self.per_byte
+            padded = self._padded(c)
+            raw = packed[slab.row : slab.row_end, start : start + padded // self.per_byte]
+            if padded == c:
+                unpacked = target
+            else:  # a row's last byte holds padding: unpacked aside, then copied
+                work = out.new_empty(size) if work is None else work
+                unpacked = work[: r * padded].view(r, padded)
+            self._unpack(raw, unpacked, whole)
+            values = unpacked[:, :c]
+            self._scale(values, step, slab, d)
+            if values is not target:
+                target.copy_(values)
+        return out.reshape(*batch, d)
+
+    def _scale(self, values: Tensor, step: Tensor, slab: Slab, d: int) -> None:
+        """``values <- q * step_b`` in place over a slab's blocks: one float32 product per
+        coordinate, as the definition (``step_b = s_b / L``)."""
+        c = slab.shape[1]
+        width = self._width(d)
+        full = c // width * width
+        first = slab.col // width
+        rows = step[slab.row : slab.row_end]
+        if full:
+            values[:, :full].unflatten(-1, (-1, width)).mul_(
+                rows[:, first : first + full // width, None]
+            )
+        if full < c:
+            values[:, full:].mul_(rows[:, first + full // width :][:, :1])
+
+    def _levels_in_range(self, level: Tensor, d: int) -> bool:
+        """Whether every one of the d levels is at most 2L: a look-up per whole byte in the
+        table of bytes holding a level past 2L, then the last byte's levels one by one (its
+        padding is not a level: a hostile sender may put anything there)."""
+        packed = level.numpy()
+        whole = d // self.per_byte
+        size = layout.SLAB
+        buffer = np.empty(min(whole, size), dtype=bool)
+        for start in range(0, whole, size):
+            part = packed[start : min(start + size, whole)]
+            hits = buffer[: part.shape[0]]
+            np.take(self._bad_bytes, part, out=hits, mode="clip")
+            if hits.any():
+                return False
+        if d % self.per_byte:
+            last = int(packed[whole])
+            mask = (1 << self.bits) - 1
+            fields = [(last >> (self.bits * j)) & mask for j in range(d % self.per_byte)]
+            return max(fields) <= 2 * self.levels
+        return True
 
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         return {
             "bits": self.bits,
             "block": self.block,
             "scale": to_bytes(fields["scale"], "<f4"),
-            "level": fields["level"].cpu().numpy().tobytes(),
+            "level": fields["level"].cpu().numpy().data,  # a view of the fresh levels
         }
 
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
@@ -136,7 +308,7 @@ class StochasticQuantization(Compressor):
                 field="level",
             )
         level = view_bytes(level_bytes, np.dtype(np.uint8))
-        if bool((self._unpack(level, d) > 2 * self.levels).any()):
+        if not self._levels_in_range(level, d):
             raise PayloadError(
                 "value",
                 f"payload field 'level' holds a level outside [0, {2 * self.levels}]",
