@@ -3,8 +3,17 @@ topology and algorithm, all seeded by the experiment's ``seed``.
 
 Everything that cannot work is refused here, before any data is generated or any round
 runs: the gossip settings were checked by ``gossip.GossipConfig`` when the config was made,
-and :func:`build` asks the same object whether its robust rule can run on the topology's
-smallest neighbourhood, exactly as a networked peer's launcher does.
+and :func:`build` asks the same object whether its robust rule can run on the smallest
+neighbourhood of an honest receiver (:func:`honest_neighbourhood`). Byzantine peers never
+aggregate (what they send is the attack's), so their neighbourhoods do not count: in the
+malicious ring of He, Karimireddy & Jaggi 2022 every Byzantine peer has one neighbour, yet
+``trimmed-mean:b=2`` runs at every honest node, which has five.
+
+Which peers are Byzantine (:func:`byzantine_mask`): the ones the file chooses
+(``byzantine.peers``, ``byzantine.groups``) or ``byzantine.count`` drawn at random from the
+seed. A ``[graph]`` runs as ``topologies.Static`` of its mixing matrix under
+``algorithm.weights``; the per-group metrics (:mod:`sim.group_metrics`) come with the
+evaluation whenever the file names groups.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import topologies
@@ -28,13 +38,22 @@ from sim.algorithms import (
     RingAllReduce,
 )
 from sim.batched import BatchedPeers
-from sim.config import ConfigError, ExperimentConfig, WorkloadConfig
+from sim.config import USER_GRAPH, ConfigError, ExperimentConfig, WorkloadConfig
+from sim.group_metrics import GroupMetrics
+from sim.groups import group_classes
 from sim.metrics import Evaluation
 from sim.network import ComputeModel, Failures, Links
+from topologies.edgelist import graph_from_edges
 from workloads.cache import default_cache_dir
 from workloads.device import resolve_device
 
-__all__ = ["build", "build_algorithm", "build_schedule"]
+__all__ = [
+    "build",
+    "build_algorithm",
+    "build_schedule",
+    "byzantine_mask",
+    "honest_neighbourhood",
+]
 
 
 def _fail(field_name: str, message: str) -> ConfigError:
@@ -59,26 +78,87 @@ def _load_dataset(workload: WorkloadConfig) -> Any:
     return load_dataset(workload.dataset, cache_dir=str(folder))
 
 
+def byzantine_mask(config: ExperimentConfig) -> np.ndarray:
+    """``[n]`` bool, True for the Byzantine peers: the chosen ones (``byzantine.peers`` and
+    ``byzantine.groups``), or ``byzantine.count`` peers drawn by a generator seeded with the
+    experiment's ``seed`` (the same draw whatever the device)."""
+    n = config.workload.peers
+    mask = np.zeros(n, dtype=bool)
+    chosen = config.byzantine_peers()
+    if chosen is not None:
+        mask[list(chosen)] = True
+    elif config.byzantine.count:
+        generator = torch.Generator().manual_seed(config.seed)
+        draw = torch.randperm(n, generator=generator, device="cpu")[: config.byzantine.count]
+        mask[draw.numpy()] = True
+    return mask
+
+
+def honest_neighbourhood(schedule: topologies.Schedule, honest: np.ndarray, t: int = 0) -> int:
+    """min over honest receivers i of (1 + |in-neighbours of i in round t|): the fewest
+    vectors an honest node aggregates, which is what a robust rule's size check must meet
+    (``topologies.smallest_neighbourhood`` over the honest rows only)."""
+    table = schedule.neighbour_table(t)
+    degrees = table.degree[np.asarray(honest, dtype=bool)]
+    if degrees.size == 0:
+        raise ValueError("no honest peer: a neighbourhood check needs at least one")
+    return 1 + int(degrees.min())
+
+
+def _user_schedule(config: ExperimentConfig) -> topologies.Schedule:
+    """``Static`` of the [graph]'s mixing matrix under ``algorithm.weights``; a directed graph
+    under an algorithm other than push-sum must give row-stochastic weights."""
+    graph_config, algorithm = config.graph, config.algorithm
+    if graph_config is None:
+        raise _fail("algorithm.topology", f'"{USER_GRAPH}" needs a [graph] table')
+    graph = graph_from_edges(
+        config.workload.peers, graph_config.edge_array(), directed=graph_config.directed
+    )
+    try:
+        matrix = topologies.mixing_matrix(graph, weights=algorithm.weights)
+    except topologies.TopologyError as error:
+        raise _fail("algorithm.weights", error.message) from None
+    if graph.is_directed() and algorithm.name != "push-sum":
+        try:
+            topologies.validate_mixing(matrix, row_stochastic=True)
+        except topologies.MixingMatrixError as error:
+            raise _fail(
+                "graph.directed",
+                f"{algorithm.name} averages with row-stochastic weights, and this directed "
+                f"graph's uniform push weights are not ({error}); run push-sum, or give a "
+                "graph whose nodes all have equal in- and out-degree",
+            ) from None
+    return topologies.Static(matrix)
+
+
 def build_schedule(config: ExperimentConfig) -> topologies.Schedule:
-    """The run's topology (``algorithm.topology``, one ``topologies.build_schedule`` spec) on
-    ``workload.peers`` nodes, checked against the gossip settings' robust rule."""
+    """The run's topology on ``workload.peers`` nodes: one ``topologies.build_schedule`` spec
+    (``algorithm.topology``), or the [graph] (``topology = "graph"``), checked against the
+    gossip settings' robust rule at the honest receivers."""
     algorithm, n = config.algorithm, config.workload.peers
+    topology = config.topology
+    if topology == USER_GRAPH:
+        schedule = _user_schedule(config)
+    else:
+        try:
+            schedule = topologies.build_schedule(
+                topology,
+                n,
+                weights=algorithm.weights,
+                params=algorithm.topology_params,
+                seed=config.seed,
+            )
+        except (ValueError, TypeError) as error:
+            weights = getattr(error, "parameter", None) == "weights"
+            raise _fail(
+                "algorithm.weights" if weights else "algorithm.topology", str(error)
+            ) from None
+    honest = ~byzantine_mask(config)
+    where = f"topology {topology!r} on {n} peers"
+    if not honest.all():
+        where += f" ({int((~honest).sum())} Byzantine, whose neighbourhoods do not count)"
     try:
-        schedule = topologies.build_schedule(
-            algorithm.topology or "ring",
-            n,
-            weights=algorithm.weights,
-            params=algorithm.topology_params,
-            seed=config.seed,
-        )
-    except (ValueError, TypeError) as error:
-        weights = getattr(error, "parameter", None) == "weights"
-        raise _fail("algorithm.weights" if weights else "algorithm.topology", str(error)) from None
-    try:
-        algorithm.gossip.check_neighbourhood(
-            topologies.smallest_neighbourhood(schedule),
-            where=f"topology {algorithm.topology or 'ring'!r} on {n} peers",
-        )
+        algorithm.gossip.check_neighbourhood(honest_neighbourhood(schedule, honest), where=where)
     except ConfigurationError as error:
         raise _fail(f"algorithm.{error.field}", error.reason) from None
     return schedule
@@ -110,7 +190,7 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
     if name == "ad-psgd":
         return AsynchronousGossip(schedule, algorithm=build_gossip(a.gossip))
     attack = None
-    if config.byzantine.count:
+    if config.byzantine.count or config.byzantine.chosen:
         try:
             attack = consensus.build_attack(config.byzantine.attack)
         except ValueError as error:
@@ -121,6 +201,7 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
 def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     """Data, partition, model, network and algorithm for one run (all seeded by ``seed``)."""
     from workloads import StackedBatchSampler, build_model, partition
+    from workloads.partition import label_sets
 
     w, net = config.workload, config.network
     try:
@@ -132,10 +213,15 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         data = _load_dataset(w)
     except (ValueError, ImportError) as error:
         raise _fail("workload.dataset", str(error)) from None
+    peer_labels = config.peer_labels()
     try:
-        parts = partition(w.partition, data.y_train, w.peers, seed=config.seed)
+        if w.label_sets is not None and peer_labels is not None:
+            parts = label_sets(data.y_train, w.peers, peer_labels, seed=config.seed)
+        else:
+            parts = partition(w.partition, data.y_train, w.peers, seed=config.seed)
     except ValueError as error:
-        raise _fail("workload.partition", str(error)) from None
+        key = "workload.label_sets" if w.label_sets is not None else "workload.partition"
+        raise _fail(key, str(error)) from None
     try:
         build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
     except ValueError as error:
@@ -146,11 +232,7 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
 
     peers = BatchedPeers(factory, w.peers, init=w.init, seed=config.seed, device=device)
     data = data.to(device)
-    byzantine = torch.zeros(w.peers, dtype=torch.bool)
-    if config.byzantine.count:
-        generator = torch.Generator().manual_seed(config.seed)
-        byzantine[torch.randperm(w.peers, generator=generator)[: config.byzantine.count]] = True
-    byzantine = byzantine.to(device)
+    byzantine = torch.from_numpy(byzantine_mask(config)).to(device)
     ctx = Context(
         peers=peers,
         sampler=StackedBatchSampler(parts, w.batch_size, seed=config.seed),
@@ -180,5 +262,13 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         byzantine=byzantine,
         seed=config.seed,
     )
-    evaluation = Evaluation(data.x_test, data.y_test, seed=config.seed)
+    groups = None
+    if config.groups:
+        groups = GroupMetrics(
+            config.groups,
+            classes=None if peer_labels is None else group_classes(config.groups, peer_labels),
+            num_classes=data.num_classes,
+            seed=config.seed,
+        )
+    evaluation = Evaluation(data.x_test, data.y_test, seed=config.seed, groups=groups)
     return algorithm, ctx, evaluation

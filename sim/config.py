@@ -5,6 +5,9 @@ and the allowed values. :func:`load_experiment` reads TOML (``tomllib``), reject
 keys, and :func:`build` turns a config into the algorithm, the simulation context and the
 evaluation, using ``workloads`` (data, partition, model), ``topologies`` (graph, mixing
 weights, schedule), ``gossip`` (algorithms, compressors) and ``consensus`` (rules, attacks).
+A ``[graph]`` file is read (from the experiment file's folder, ``base_dir``) and checked
+against ``workload.peers`` when the experiment is made; the labels of a ``label-sets``
+partition are checked against the data set's classes when the run is built.
 
 A complete file (every key optional except where noted)::
 
@@ -14,9 +17,15 @@ A complete file (every key optional except where noted)::
     eval_every = 10
     device = "cpu"                 # "auto" (the GPU if there is one), "cuda", "cuda:1"
 
+    [groups]                       # named groups of peers (ids and ranges), used below
+    clique1 = [0, 1, 2, 3, 4]      # a list of ids and ranges: [0, "2-4"]
+    clique2 = "5-9"                # or one string: "5-9", "0-2+7"
+
     [workload]
     dataset = "mnist1d"            # workloads spec, e.g. "synthetic:num_samples=2000"
-    partition = "iid"              # "dirichlet:alpha=0.1", "shards:shards_per_peer=2"
+    partition = "iid"              # "dirichlet:alpha=0.1", "shards:shards_per_peer=2",
+                                   # "label-sets" (with label_sets), "label-sets:sets=0-4|5-9"
+    label_sets = {clique1 = "0-4", clique2 = "5-9"}   # group or peer id -> its classes
     model = "mlp"                  # "mlp:hidden=64", "cnn1d", "logistic", "mlp-100k"
     peers = 16
     batch_size = 32
@@ -32,9 +41,10 @@ A complete file (every key optional except where noted)::
 
     [algorithm]
     name = "dpsgd"                 # see ALGORITHMS
-    topology = "ring"              # topologies.build name (gossip algorithms)
+    topology = "ring"              # topologies.build name (gossip algorithms); "graph": [graph]
     topology_params = {}           # e.g. {degree = 4, seed = 1}
-    weights = "metropolis"         # mixing weights (default: metropolis, uniform if directed)
+    weights = "metropolis"         # mixing weights (default: metropolis, uniform if directed);
+                                   # "max-degree", "lazy-metropolis" ((I + W_metropolis) / 2)
     schedule = "static"            # "one-peer-exponential", "random-matching", "random-k-out"
     order = "combine-then-adapt"
     local_steps = 1
@@ -53,8 +63,16 @@ A complete file (every key optional except where noted)::
     message_loss = 0.0
     crashes = [{peer = 2, at = 1.0, rejoin = 2.0}]
 
+    [graph]                        # a user graph, run by topology = "graph"
+    file = "ring.edges"            # edge list, one "u v" per line, relative to this file
+    edges = [[0, 1], [1, 2]]       # or inline pairs (exactly one of file and edges)
+    directed = false               # true: "u v" means u sends to v
+    nodes = 16                     # optional; must equal workload.peers
+
     [byzantine]
-    count = 0
+    count = 0                      # that many peers drawn at random (seeded), or choose them:
+    peers = [5, "10-14"]           # ... by id and range
+    groups = ["clique2"]           # ... and/or by group (the union; not with count)
     attack = "sign-flip"           # consensus attack spec
 
     [output]
@@ -68,10 +86,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
+
+import numpy as np
 
 from gossip.configuration import (
     ALGORITHM_FIELDS,
@@ -83,8 +103,12 @@ from gossip.configuration import (
 from sim.algorithms import (
     OptimizerConfig,
 )
+from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
+from topologies.edgelist import graph_from_edges, read_edge_list
+from topologies.errors import TopologyError
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
+from workloads.partition import label_sets_from_spec, parse_id_set
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,6 +117,8 @@ else:  # pragma: no cover
 
 TOPOLOGY_FIELDS = ("topology", "topology_params", "weights")
 """The ``[algorithm]`` keys that say who talks to whom (gossip algorithms only)."""
+USER_GRAPH = "graph"
+"""``algorithm.topology`` that runs the experiment's ``[graph]`` table (a user's graph)."""
 BASELINES: dict[str, str] = {
     "centralized": "one model on all data, the peers' combined batch (accuracy ceiling)",
     "allreduce": "synchronous SGD, exact gradient average by ring all-reduce",
@@ -151,8 +177,25 @@ def _spec(name: str, value: Any) -> str:
     return value
 
 
+LABEL_SETS = "label-sets"
+"""The partition whose label sets ``workload.label_sets`` gives by group or peer."""
+
+
+def _partition_name(spec: str) -> tuple[str, str]:
+    """(name, parameters) of a partition spec string."""
+    name, _, rest = spec.strip().partition(":")
+    return name.strip(), rest.strip()
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
+    """The ``[workload]`` table: data set, partition, model, peers, batch size.
+
+    ``label_sets`` (with ``partition = "label-sets"``) gives each group of ``[groups]``, or
+    each peer id, the classes it holds: ``{clique1 = "0-4", clique2 = "5-9"}``
+    (``workloads.partition.label_sets``; every peer must be covered once).
+    """
+
     dataset: str = "mnist1d"
     partition: str = "iid"
     model: str = "mlp"
@@ -160,6 +203,7 @@ class WorkloadConfig:
     batch_size: int = 32
     init: str = "same"
     cache_dir: str | None = None
+    label_sets: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.cache_dir is not None:
@@ -170,6 +214,28 @@ class WorkloadConfig:
         _int("workload.peers", self.peers, 1)
         _int("workload.batch_size", self.batch_size, 1)
         _choice("workload.init", self.init, INITS)
+        name, params = _partition_name(self.partition)
+        if self.label_sets is not None:
+            if not isinstance(self.label_sets, Mapping) or not self.label_sets:
+                raise _fail(
+                    "workload.label_sets",
+                    "must be a non-empty table of group name (or peer id) = labels, e.g. "
+                    '{clique1 = "0-4", clique2 = "5-9"}',
+                )
+            if name != LABEL_SETS or params:
+                raise _fail(
+                    "workload.label_sets",
+                    f'is read by partition = "{LABEL_SETS}" (no parameters); '
+                    f"workload.partition is {self.partition!r}",
+                )
+            object.__setattr__(self, "label_sets", dict(self.label_sets))
+        elif name == LABEL_SETS and not params:
+            raise _fail(
+                "workload.partition",
+                f'"{LABEL_SETS}" needs the label sets: a workload.label_sets table '
+                '({clique1 = "0-4", clique2 = "5-9"}) or the spec form '
+                '"label-sets:sets=0-4|5-9"',
+            )
 
 
 BASELINE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -372,12 +438,119 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class ByzantineConfig:
+    """The ``[byzantine]`` table: which peers are Byzantine and what they send.
+
+    Either ``count`` peers drawn at random (seeded by the experiment's seed), or chosen
+    ones: ``peers`` (ids and ranges, ``[5, "10-14"]``) and/or ``groups`` (names of
+    ``[groups]``), their union. Giving ``count`` and a choice is an error.
+    """
+
     count: int = 0
     attack: str = "sign-flip"
+    peers: tuple[int, ...] | None = None
+    groups: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _int("byzantine.count", self.count, 0)
         _spec("byzantine.attack", self.attack)
+        if self.peers is not None:
+            try:
+                object.__setattr__(self, "peers", parse_id_set(self.peers, "byzantine.peers"))
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        if self.groups is not None:
+            if isinstance(self.groups, str) or not isinstance(self.groups, Sequence):
+                raise _fail(
+                    "byzantine.groups", f"must be a list of group names, got {self.groups!r}"
+                )
+            if not self.groups:
+                raise _fail("byzantine.groups", "is empty; name at least one group of [groups]")
+            object.__setattr__(self, "groups", tuple(self.groups))
+        if self.count and (self.peers is not None or self.groups is not None):
+            raise _fail(
+                "byzantine.count",
+                "give either count (that many peers drawn at random) or byzantine.peers / "
+                "byzantine.groups (the peers chosen), not both",
+            )
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the Byzantine peers are chosen (``peers``/``groups``), not drawn."""
+        return self.peers is not None or self.groups is not None
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """The ``[graph]`` table: a user's graph, run with ``algorithm.topology = "graph"``.
+
+    Exactly one of ``file`` (an edge-list file, one ``u v`` pair per line, ``#`` comments;
+    a relative path is read from the experiment file's folder) or ``edges`` (inline pairs,
+    ``[[0, 1], [1, 2]]``). ``directed``: an edge ``u v`` means "u sends to v" (default: an
+    undirected edge). ``nodes``, when given, must equal ``workload.peers``. Node ids are
+    ``0 .. peers-1``; self-loops, repeated edges and a graph that is not connected (strongly
+    connected when directed) are refused (``topologies.edgelist.graph_from_edges``).
+    """
+
+    file: str | None = None
+    edges: tuple[tuple[int, int], ...] | None = None
+    nodes: int | None = None
+    directed: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.file is None) == (self.edges is None):
+            raise _fail(
+                "graph",
+                "give exactly one of graph.file (an edge-list file) or graph.edges "
+                "(inline pairs [[0, 1], [1, 2], ...])",
+            )
+        if not isinstance(self.directed, bool):
+            raise _fail("graph.directed", f"must be true or false, got {self.directed!r}")
+        if self.nodes is not None:
+            _int("graph.nodes", self.nodes, 2)
+        try:
+            if self.file is not None:
+                _spec("graph.file", self.file)
+                array = read_edge_list(self.file)
+            else:
+                if isinstance(self.edges, str) or not isinstance(self.edges, Sequence):
+                    raise _fail(
+                        "graph.edges", f"must be a list of pairs [[0, 1], ...], got {self.edges!r}"
+                    )
+                array = _edge_pairs(self.edges)
+        except TopologyError as error:
+            raise _fail(f"graph.{self.source}", error.message) from None
+        if self.edges is not None:
+            object.__setattr__(self, "edges", tuple(map(tuple, array.tolist())))
+        # a file's edges are kept aside, so that the fields still say where they came from
+        # (dataclasses.replace and asdict give a table that builds the same graph again)
+        array.setflags(write=False)
+        object.__setattr__(self, "_edges", array)
+
+    @property
+    def source(self) -> str:
+        """The key the edges came from: ``file`` or ``edges`` (for error messages)."""
+        return "file" if self.file is not None else "edges"
+
+    def edge_array(self) -> np.ndarray:
+        """The edges (inline, or read from the file) as a read-only ``[m, 2]`` int64 array."""
+        return cast(np.ndarray, self.__dict__["_edges"])
+
+
+def _edge_pairs(edges: Sequence[Any]) -> np.ndarray:
+    """Inline edges as an ``[m, 2]`` array, checked pair by pair (TopologyError)."""
+    rows = []
+    for position, pair in enumerate(edges):
+        ok = isinstance(pair, list | tuple) and len(pair) == 2
+        ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair)
+        if not ok:
+            raise TopologyError(
+                "edges",
+                f"edge {position} must be a pair of non-negative node ids [u, v], got {pair!r}",
+            )
+        rows.append(pair)
+    if not rows:
+        raise TopologyError("edges", "the graph has no edges")
+    return np.asarray(rows, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -402,6 +575,8 @@ class ExperimentConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     byzantine: ByzantineConfig = field(default_factory=ByzantineConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    graph: GraphConfig | None = None
+    groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _int("seed", self.seed, 0)
@@ -413,19 +588,14 @@ class ExperimentConfig:
         _float("optimizer.lr", self.optimizer.lr, 0.0, open_low=True)
         _float("optimizer.momentum", self.optimizer.momentum, 0.0, 0.999999)
         _float("optimizer.weight_decay", self.optimizer.weight_decay, 0.0)
-        if self.byzantine.count >= self.workload.peers:
-            raise _fail(
-                "byzantine.count",
-                f"must be < workload.peers = {self.workload.peers}, got {self.byzantine.count}",
-            )
-        if self.byzantine.count and self.algorithm.name not in (
-            set(GOSSIP_ALGORITHMS) - {"ad-psgd"}
-        ):
-            raise _fail(
-                "byzantine.count",
-                "Byzantine peers are simulated for synchronous gossip algorithms "
-                f"(dpsgd, local-sgd, push-sum, choco), not {self.algorithm.name!r}",
-            )
+        n = self.workload.peers
+        try:
+            object.__setattr__(self, "groups", parse_groups(self.groups, n))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        self._check_byzantine()
+        self._check_label_sets()
+        self._check_graph()
         for key in ("latency", "bandwidth"):
             value = getattr(self.network, key)
             if isinstance(value, tuple) and len(value) != self.workload.peers:
@@ -451,9 +621,122 @@ class ExperimentConfig:
                     "network.crashes", f"peer {crash.peer} is outside 0..{self.workload.peers - 1}"
                 )
 
+    def _check_byzantine(self) -> None:
+        n, byzantine = self.workload.peers, self.byzantine
+        chosen: tuple[int, ...] = ()
+        if byzantine.chosen:
+            members: set[int] = set()
+            if byzantine.peers is not None:
+                outside = [peer for peer in byzantine.peers if peer >= n]
+                if outside:
+                    raise _fail(
+                        "byzantine.peers",
+                        f"peer {outside[0]} is outside 0..{n - 1} (workload.peers)",
+                    )
+                members.update(byzantine.peers)
+            if byzantine.groups is not None:
+                try:
+                    members.update(members_of(byzantine.groups, self.groups, "byzantine.groups"))
+                except ValueError as error:
+                    raise ConfigError(str(error)) from None
+            chosen = tuple(sorted(members))
+        object.__setattr__(self, "_byzantine_peers", chosen)
+        field_name = "byzantine.peers" if byzantine.chosen else "byzantine.count"
+        count = len(chosen) if byzantine.chosen else byzantine.count
+        if count >= n:
+            raise _fail(
+                field_name,
+                f"must be < workload.peers = {n} (at least one honest peer), got {count}",
+            )
+        if count and self.algorithm.name not in (set(GOSSIP_ALGORITHMS) - {"ad-psgd"}):
+            raise _fail(
+                field_name,
+                "Byzantine peers are simulated for synchronous gossip algorithms "
+                f"(dpsgd, local-sgd, push-sum, choco), not {self.algorithm.name!r}",
+            )
+
+    def _check_label_sets(self) -> None:
+        workload = self.workload
+        labels: list[tuple[int, ...]] | None = None
+        try:
+            if workload.label_sets is not None:
+                labels = peer_label_sets(workload.label_sets, self.groups, workload.peers)
+            else:
+                name, params = _partition_name(workload.partition)
+                if name == LABEL_SETS and params.startswith("sets="):
+                    labels = label_sets_from_spec(params[len("sets=") :], workload.peers)
+        except ValueError as error:
+            message = str(error)
+            raise (
+                ConfigError(message)
+                if message.startswith("workload.")
+                else _fail("workload.partition", message)
+            ) from None
+        object.__setattr__(self, "_peer_labels", labels)
+
+    def _check_graph(self) -> None:
+        topology, graph, n = self.algorithm.topology, self.graph, self.workload.peers
+        if graph is None:
+            if topology == USER_GRAPH:
+                raise _fail(
+                    "algorithm.topology",
+                    f'"{USER_GRAPH}" runs the [graph] table, which this experiment lacks: '
+                    "add [graph] with file = ... or edges = [...]",
+                )
+            return
+        if self.algorithm.name not in GOSSIP_ALGORITHMS:
+            raise _fail(
+                "graph",
+                f"a user graph is run by gossip algorithms ({', '.join(GOSSIP_ALGORITHMS)}), "
+                f"not {self.algorithm.name!r}; remove [graph]",
+            )
+        if topology not in (None, USER_GRAPH):
+            raise _fail(
+                "algorithm.topology",
+                f'the experiment has a [graph]: write topology = "{USER_GRAPH}" (or leave it '
+                f"out), or remove [graph] to run {topology!r}",
+            )
+        if self.algorithm.topology_params is not None:
+            raise _fail(
+                "algorithm.topology_params",
+                "a [graph] takes no builder parameters; remove topology_params",
+            )
+        if graph.nodes is not None and graph.nodes != n:
+            raise _fail("graph.nodes", f"must equal workload.peers = {n}, got {graph.nodes}")
+        try:
+            graph_from_edges(n, graph.edge_array(), directed=graph.directed)
+        except TopologyError as error:
+            where = f" ({graph.file})" if graph.file is not None else ""
+            raise _fail(f"graph.{graph.source}", f"{error.message}{where}") from None
+
+    @property
+    def topology(self) -> str:
+        """The topology that runs: ``algorithm.topology``, ``"graph"`` for a [graph],
+        ``"ring"`` by default (gossip algorithms)."""
+        if self.algorithm.topology is not None:
+            return self.algorithm.topology
+        return USER_GRAPH if self.graph is not None else "ring"
+
+    def byzantine_peers(self) -> tuple[int, ...] | None:
+        """The chosen Byzantine peers (``byzantine.peers`` and ``byzantine.groups``, their
+        union, ascending); ``None`` when ``byzantine.count`` draws them at random."""
+        if not self.byzantine.chosen:
+            return None
+        return cast(tuple[int, ...], self.__dict__["_byzantine_peers"])
+
+    def peer_labels(self) -> list[tuple[int, ...]] | None:
+        """Each peer's label set under the ``label-sets`` partition (by ``workload.label_sets``
+        or the spec's ``sets=``); ``None`` for every other partition."""
+        labels = self.__dict__["_peer_labels"]
+        return None if labels is None else list(labels)
+
     def with_algorithm(self, name: str) -> ExperimentConfig:
-        """The same experiment run by another algorithm (``sim compare``)."""
-        return dataclasses.replace(self, name=name, algorithm=self.algorithm.for_algorithm(name))
+        """The same experiment run by another algorithm (``sim compare``). A baseline runs
+        without the [graph], which only gossip algorithms read."""
+        graph = self.graph if name in GOSSIP_ALGORITHMS else None
+        return dataclasses.replace(
+            self, name=name, algorithm=self.algorithm.for_algorithm(name), graph=graph
+        )
 
 
 _SECTIONS: dict[str, type] = {
@@ -463,6 +746,7 @@ _SECTIONS: dict[str, type] = {
     "network": NetworkConfig,
     "byzantine": ByzantineConfig,
     "output": OutputConfig,
+    "graph": GraphConfig,
 }
 
 
@@ -504,6 +788,11 @@ def experiment_from_dict(
                 for key in ("crashes", "links"):
                     if key in values:
                         values[key] = tuple(values[key])
+            if section == "graph" and isinstance(values.get("file"), str):
+                file = Path(values["file"]).expanduser()
+                if not file.is_absolute() and base_dir is not None:
+                    file = Path(base_dir) / file
+                values["file"] = str(file)
             try:
                 top[section] = cls(**values)
             except TypeError as error:

@@ -7,9 +7,17 @@ All model metrics are over the honest peers only (Byzantine peers' own models do
   together in one ``vmap`` (a seeded subset when there are more than ``peer_limit``);
 - ``consensus_distance``: (1/m) Σ_i ‖x_i − x̄‖², how far the peers are from agreeing;
 - ``time``: simulated seconds; ``bytes_total`` / ``bytes_busiest``: bytes sent by all peers
-  and by the busiest one (a server counts as one busy peer).
+  and by the busiest one (a server counts as one busy peer);
+- ``group_metrics``: when the experiment names groups of peers (``[groups]``), each group's
+  accuracy, worst member, inner consensus distance, accuracy on each group's classes and
+  distance to the other groups, under flat keys ``group/<name>/<metric>[/<other group>]``
+  (:mod:`sim.group_metrics` defines them); empty otherwise.
 
-Records go to JSON lines or CSV; plots (matplotlib, imported only inside the plotting
+A record is one row per evaluation: :meth:`Record.as_dict` puts the group metrics beside the
+fixed columns (:data:`COLUMNS`), so JSON lines and CSV (:func:`columns`: the fixed columns,
+then every group column in the order first seen) stay tidy tables with one column per
+measured quantity; :func:`group_rows` gives the group metrics as a long table, one row per
+(evaluation, group, metric, other group). Plots (matplotlib, imported only inside the plotting
 functions) show accuracy against simulated time and against bytes, and consensus distance.
 """
 
@@ -18,15 +26,21 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from sim.batched import BatchedPeers
+
+if TYPE_CHECKING:
+    from sim.group_metrics import GroupMetrics
+
+#: The prefix of every per-group key of :attr:`Record.group_metrics`.
+GROUP_PREFIX = "group/"
 
 
 @dataclass(frozen=True)
@@ -45,12 +59,76 @@ class Record:
     peer_accuracy_worst: float
     consensus_distance: float
     train_loss: float
+    group_metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        stray = [key for key in self.group_metrics if not key.startswith(GROUP_PREFIX)]
+        if stray:
+            raise ValueError(
+                f"group_metrics: every key starts with {GROUP_PREFIX!r} "
+                f"(group/<name>/<metric>[/<other>]), got {stray[0]!r}"
+            )
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fixed columns, then the group metrics under their own keys (one flat row)."""
+        row = {name: getattr(self, name) for name in COLUMNS}
+        row.update(self.group_metrics)
+        return row
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> Record:
+        """The record :meth:`as_dict` wrote: the fixed columns, the ``group/`` keys into
+        :attr:`group_metrics`; any other key is an error naming it."""
+        fixed = {key: value for key, value in row.items() if key in COLUMNS}
+        groups = {key: float(value) for key, value in row.items() if key.startswith(GROUP_PREFIX)}
+        unknown = sorted(set(row) - set(fixed) - set(groups))
+        if unknown:
+            raise ValueError(
+                f"record: unknown column {unknown[0]!r}; columns: {', '.join(COLUMNS)} and "
+                f"{GROUP_PREFIX}... keys"
+            )
+        return cls(**fixed, group_metrics=groups)
 
 
-COLUMNS = tuple(f.name for f in fields(Record))
+COLUMNS = tuple(f.name for f in fields(Record) if f.name != "group_metrics")
+"""The columns every record has (the group metrics come after them, see :func:`columns`)."""
+
+
+def columns(records: Iterable[Record]) -> tuple[str, ...]:
+    """:data:`COLUMNS`, then every group-metric key of ``records`` in the order first seen."""
+    seen: dict[str, None] = {}
+    for record in records:
+        seen.update(dict.fromkeys(record.group_metrics))
+    return COLUMNS + tuple(seen)
+
+
+def group_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """The group metrics as a long table: one row per (record, key) with the run's
+    ``algorithm``, ``round`` and ``time``, the ``group``, the ``metric`` and the ``other``
+    group it refers to (``None`` for ``accuracy``, ``worst_peer_accuracy`` and
+    ``consensus_distance``), and the ``value``.
+
+    >>> record = Record("dpsgd", 10, 1.0, 10, 0.0, 0.0, 0.5, 1.0, 0.5, 0.4, 0.0, 1.0,
+    ...                 group_metrics={"group/a/accuracy_on/b": 0.25})
+    >>> group_rows([record])[0]["metric"], group_rows([record])[0]["other"]
+    ('accuracy_on', 'b')
+    """
+    rows = []
+    for record in records:
+        for key, value in record.group_metrics.items():
+            group, metric, *other = key[len(GROUP_PREFIX) :].split("/")
+            rows.append(
+                {
+                    "algorithm": record.algorithm,
+                    "round": record.round,
+                    "time": record.time,
+                    "group": group,
+                    "metric": metric,
+                    "other": other[0] if other else None,
+                    "value": value,
+                }
+            )
+    return rows
 
 
 def consensus_distance(models: Tensor, *, block_rows: int = 64) -> float:
@@ -79,10 +157,20 @@ class Evaluation:
     peer_limit: int = 64
     batch_size: int = 4096
     seed: int = 0
+    groups: GroupMetrics | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.peer_limit, int) or self.peer_limit < 1:
             raise ValueError(f"peer_limit: must be an integer >= 1, got {self.peer_limit!r}")
+
+    def measure_groups(
+        self, peers: BatchedPeers, models: Tensor, honest: Tensor
+    ) -> dict[str, float]:
+        """The per-group metrics of ``models`` (:class:`sim.group_metrics.GroupMetrics`), or
+        none when the experiment names no groups."""
+        if self.groups is None:
+            return {}
+        return self.groups.measure(peers, self.x_test, self.y_test, models, honest)
 
     def measure(self, peers: BatchedPeers, models: Tensor) -> dict[str, float]:
         """Average-model and per-peer accuracy, loss and consensus distance of ``models [m, d]``."""
@@ -110,7 +198,7 @@ class Evaluation:
 
 
 def write_jsonl(records: Iterable[Record], path: str | Path) -> None:
-    """One JSON object per line (NaN written as null)."""
+    """One JSON object per line, :meth:`Record.as_dict` (NaN written as null)."""
     with Path(path).open("w", encoding="utf-8") as handle:
         for record in records:
             row = {
@@ -127,49 +215,21 @@ def read_jsonl(path: str | Path) -> list[Record]:
         if line.strip():
             row: dict[str, Any] = json.loads(line)
             values: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in row.items()}
-            records.append(Record(**values))
+            records.append(Record.from_dict(values))
     return records
 
 
 def write_csv(records: Iterable[Record], path: str | Path) -> None:
-    """A header row of :data:`COLUMNS`, then one row per record."""
+    """A header row of :func:`columns` (the fixed columns, then the group metrics), then one
+    row per record; a group metric a record lacks is an empty cell."""
+    every = list(records)
     with Path(path).open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=columns(every), restval="")
         writer.writeheader()
-        for record in records:
+        for record in every:
             writer.writerow(record.as_dict())
 
 
-def plot(
-    runs: Mapping[str, Sequence[Record]], path: str | Path, *, title: str | None = None
-) -> Path:
-    """Three panels: test accuracy vs simulated time, vs bytes sent, and consensus distance vs
-    time, one line per run. matplotlib is imported here and only here."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for name, records in runs.items():
-        time = [r.time for r in records]
-        axes[0].plot(time, [r.test_accuracy for r in records], label=name)
-        axes[1].plot(
-            [r.bytes_total for r in records], [r.test_accuracy for r in records], label=name
-        )
-        distance = [max(r.consensus_distance, 1e-30) for r in records]
-        axes[2].plot(time, distance, label=name)
-    axes[0].set(xlabel="simulated time (s)", ylabel="test accuracy of the average model")
-    axes[1].set(xlabel="bytes sent by all peers", ylabel="test accuracy of the average model")
-    axes[1].set_xscale("symlog")
-    axes[2].set(xlabel="simulated time (s)", ylabel="consensus distance", yscale="log")
-    for axis in axes:
-        axis.grid(alpha=0.3)
-    axes[0].legend()
-    if title:
-        figure.suptitle(title)
-    figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
-    return out
+# The figures live in sim.figures (axes chosen for the data); ``plot`` stays importable from
+# here for sim.cli and older code. It imports matplotlib only when called.
+from sim.figures import plot as plot  # noqa: E402

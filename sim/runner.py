@@ -75,7 +75,8 @@ def _record(
     steps: int,
     train_loss: float,
 ) -> Record:
-    measured = evaluation.measure(ctx.peers, algorithm.models(ctx))
+    models = algorithm.models(ctx)
+    measured = evaluation.measure(ctx.peers, models)
     return Record(
         algorithm=algorithm.name,
         round=ctx.round,
@@ -84,5 +85,6 @@ def _record(
         bytes_total=counter.total,
         bytes_busiest=counter.busiest,
         train_loss=train_loss,
+        group_metrics=evaluation.measure_groups(ctx.peers, models, ctx.honest),
         **measured,
     )

@@ -15,8 +15,9 @@ import scipy.sparse as sp
 
 from topologies.errors import MixingMatrixError, TopologyError
 
-#: The weight schemes :func:`mixing_matrix` understands.
-WEIGHT_SCHEMES = ("metropolis", "max-degree", "lazy", "uniform")
+#: The weight schemes :func:`mixing_matrix` understands. ``lazy-metropolis`` is the spelled-out
+#: name of (I + W_metropolis) / 2; ``lazy`` is the same matrix under its older, shorter name.
+WEIGHT_SCHEMES = ("metropolis", "max-degree", "lazy-metropolis", "lazy", "uniform")
 
 
 def _edge_array(graph: nx.Graph) -> tuple[int, np.ndarray, np.ndarray]:
@@ -133,20 +134,27 @@ def mixing_matrix(graph: nx.Graph, weights: str | None = None) -> sp.csr_array:
     """The mixing matrix of ``graph`` under a weight scheme.
 
     ``weights``: ``"metropolis"`` (:func:`metropolis_hastings`), ``"max-degree"``
-    (:func:`max_degree`), ``"lazy"`` ((I + W_metropolis) / 2, :func:`lazy`) or ``"uniform"``
-    (:func:`uniform`, column-stochastic push weights). Default: ``"metropolis"`` for undirected
-    graphs, ``"uniform"`` for directed ones (the only scheme a directed graph takes).
+    (:func:`max_degree`), ``"lazy-metropolis"`` or its short name ``"lazy"`` (lazy Metropolis
+    weights (I + W_metropolis) / 2, :func:`lazy`: every node keeps at least half of its own
+    value, the matrix He, Karimireddy & Jaggi 2022 normalize their malicious ring towards) or
+    ``"uniform"`` (:func:`uniform`, column-stochastic push weights). Default: ``"metropolis"``
+    for undirected graphs, ``"uniform"`` for directed ones (the only scheme a directed graph
+    takes).
+
+    >>> import topologies
+    >>> mixing_matrix(topologies.ring(4), "lazy-metropolis").toarray()[0].round(4).tolist()
+    [0.6667, 0.1667, 0.0, 0.1667]
     """
     scheme = ("uniform" if graph.is_directed() else "metropolis") if weights is None else weights
     if scheme == "metropolis":
         return metropolis_hastings(graph)
     if scheme == "max-degree":
         return max_degree(graph)
-    if scheme == "lazy":
+    if scheme in ("lazy-metropolis", "lazy"):
         if graph.is_directed():
             raise TopologyError(
                 "weights",
-                "weights='lazy' needs an undirected graph; a directed graph takes 'uniform'",
+                f"weights={scheme!r} needs an undirected graph; a directed graph takes 'uniform'",
             )
         return lazy(metropolis_hastings(graph))
     if scheme == "uniform":

@@ -1,4 +1,5 @@
-"""Seeded partitions of a training set across peers: IID, Dirichlet label skew, sorted-label shards.
+"""Seeded partitions of a training set across peers: IID, Dirichlet label skew, sorted-label
+shards, and explicit label sets (peer i holds only the classes it is given).
 
 Every partition returns ``list[Tensor]``: peer ``i``'s training indices
 (int64, ascending). The lists are disjoint, cover ``0 .. N-1`` exactly, and
@@ -19,19 +20,23 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from workloads._registry import Entry, Param, lookup, parse_spec
+from workloads._registry import REQUIRED, Entry, Param, lookup, parse_spec
 
 __all__ = [
     "PARTITIONS",
     "dirichlet",
     "iid",
     "label_histogram",
+    "label_sets",
+    "label_sets_from_spec",
+    "parse_id_set",
     "partition",
     "shards",
 ]
@@ -131,6 +136,156 @@ def shards(
     return _group(owner, num_peers)
 
 
+def parse_id_set(value: object, what: str) -> tuple[int, ...]:
+    """A set of non-negative integer ids (class labels, peer ids), ascending and unique.
+
+    ``value`` is an integer, a string of items separated by ``,`` or ``+`` where each item
+    is an id ``a`` or an inclusive range ``a-b`` (``"0-4"``, ``"0-2+7"``, ``"1, 3, 5-6"``), or
+    a list of such integers and strings (``[0, "2-4", 9]``). The same grammar serves label
+    sets and named groups of peers. Raises ``ValueError`` naming ``what`` for anything else,
+    a range with ``a > b``, or an empty set.
+
+    >>> parse_id_set("0-2+7", "labels")
+    (0, 1, 2, 7)
+    >>> parse_id_set([5, "0-1"], "peers")
+    (0, 1, 5)
+    """
+    items: list[object] = list(value) if isinstance(value, list | tuple) else [value]
+    ids: set[int] = set()
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"{what}: ids are non-negative integers, got {item!r}")
+        if isinstance(item, str):
+            for part in filter(None, (p.strip() for p in item.replace("+", ",").split(","))):
+                low, dash, high = (x.strip() for x in part.partition("-"))
+                if not low.isdigit() or (dash and not high.isdigit()):
+                    raise ValueError(
+                        f"{what}: {part!r} is not an id 'a' or a range 'a-b' of non-negative "
+                        "integers"
+                    )
+                first, last = int(low), int(high) if dash else int(low)
+                if first > last:
+                    raise ValueError(
+                        f"{what}: range {part!r} is empty (a > b); write 'a-b' with a <= b"
+                    )
+                ids.update(range(first, last + 1))
+            continue
+        try:
+            number = operator.index(item)  # type: ignore[arg-type]
+        except TypeError:
+            raise ValueError(
+                f"{what}: expected ids and ranges like 3, '0-4' or [0, '2-4'], got {item!r}"
+            ) from None
+        if number < 0:
+            raise ValueError(f"{what}: ids are non-negative integers, got {number}")
+        ids.add(number)
+    if not ids:
+        raise ValueError(f"{what}: the set is empty; give at least one id")
+    return tuple(sorted(ids))
+
+
+def label_sets(
+    labels: torch.Tensor,
+    num_peers: int,
+    peer_labels: Sequence[Iterable[int]],
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """Explicit label sets: peer i holds samples of the classes ``peer_labels[i]`` only.
+
+    Each class's (shuffled) samples are split in equal (±1) shares among the peers that hold
+    it (the extra samples of successive classes go to different holders), so a class held by one peer goes to it whole, and peers holding the same classes
+    (e.g. a clique that holds labels 0-4, as in He, Karimireddy & Jaggi 2022, Fig. 4) get IID
+    shares of them. Raises ``ValueError`` naming the class or peer when a class that occurs
+    in ``labels`` is held by nobody (every sample must have an owner), a label is not a class
+    of ``labels``, a peer holds no label, or a class has fewer samples than holders.
+
+    >>> labels = torch.arange(20) % 4
+    >>> parts = label_sets(labels, 4, [[0, 1], [0, 1], [2, 3], [2, 3]], seed=0)
+    >>> sorted(set(labels[parts[2]].tolist()))
+    [2, 3]
+    """
+    array = _labels_array(labels, "label-sets")
+    _check_peers("label-sets", len(array), num_peers)
+    if len(peer_labels) != num_peers:
+        raise ValueError(
+            f"label-sets: needs one label set per peer ({num_peers}), got {len(peer_labels)}"
+        )
+    sets = [np.asarray(sorted(set(map(int, chosen))), dtype=np.int64) for chosen in peer_labels]
+    empty = [peer for peer, chosen in enumerate(sets) if chosen.size == 0]
+    if empty:
+        raise ValueError(f"label-sets: peer {empty[0]} holds no label; give every peer a set")
+    present = np.bincount(array) if array.size else np.zeros(0, dtype=np.int64)
+    classes = present.size
+    peer_of = np.repeat(np.arange(num_peers), [chosen.size for chosen in sets])
+    label_of = np.concatenate(sets)
+    unknown = label_of[(label_of < 0) | (label_of >= classes)]
+    if unknown.size == 0:
+        absent = label_of[present[label_of] == 0]
+        unknown = absent
+    if unknown.size:
+        raise ValueError(
+            f"label-sets: label {int(unknown[0])} is not a class of the training labels "
+            f"(they are {', '.join(map(str, np.flatnonzero(present).tolist()))})"
+        )
+    holds = np.zeros((classes, num_peers), dtype=bool)
+    holds[label_of, peer_of] = True
+    holders = holds.sum(axis=1)
+    orphan = np.flatnonzero((present > 0) & (holders == 0))
+    if orphan.size:
+        raise ValueError(
+            f"label-sets: class {int(orphan[0])} is held by no peer; every class of the data "
+            f"must be in some peer's set (classes held by nobody: {orphan.tolist()})"
+        )
+    short = np.flatnonzero(present < holders)
+    if short.size:
+        c = int(short[0])
+        raise ValueError(
+            f"label-sets: class {c} has {int(present[c])} samples for {int(holders[c])} peers "
+            "holding it; every holder needs at least one"
+        )
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(len(array))
+    by_class = shuffled[np.argsort(array[shuffled], kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(present)[:-1]])
+    sorted_labels = array[by_class]
+    rank = np.arange(len(array)) - starts[sorted_labels]
+    # holder lists per class, ascending peer ids first: [classes, num_peers]
+    holder_table = np.argsort(~holds, axis=1, kind="stable")
+    # equal shares; class c starts at holder c mod h, so the ±1 remainders of successive
+    # classes land on different peers instead of piling up on the first holder
+    count = holders[sorted_labels]
+    slot = (rank * count // present[sorted_labels] + sorted_labels) % count
+    owner = np.empty(len(array), dtype=np.int64)
+    owner[by_class] = holder_table[sorted_labels, slot]
+    return _group(owner, num_peers)
+
+
+def label_sets_from_spec(sets: str, num_peers: int) -> list[tuple[int, ...]]:
+    """Each peer's label set from the spec form ``S1|S2|...``: k sets for k contiguous,
+    near-equal blocks of peers (peer i takes set ``i * k // num_peers``; k = num_peers gives
+    one set per peer), each set in the grammar of :func:`parse_id_set`.
+
+    >>> label_sets_from_spec("0-1|2", 4)
+    [(0, 1), (0, 1), (2,), (2,)]
+    """
+    blocks = [block.strip() for block in str(sets).split("|")]
+    if not 1 <= len(blocks) <= num_peers:
+        raise ValueError(
+            f"label-sets: sets gives {len(blocks)} label sets for {num_peers} peers; give "
+            "between 1 and num_peers sets separated by '|', e.g. sets=0-4|5-9"
+        )
+    parsed = [parse_id_set(block, f"label-sets: set {i}") for i, block in enumerate(blocks)]
+    k = len(parsed)
+    return [parsed[peer * k // num_peers] for peer in range(num_peers)]
+
+
+def _label_sets_spec(
+    labels: torch.Tensor, num_peers: int, sets: str, seed: int = 0
+) -> list[torch.Tensor]:
+    """The registry's ``label-sets:sets=S1|S2|...`` (see :func:`label_sets_from_spec`)."""
+    return label_sets(labels, num_peers, label_sets_from_spec(sets, num_peers), seed)
+
+
 PARTITIONS: dict[str, Entry[list[torch.Tensor]]] = {
     "iid": Entry("iid", iid, {}, "uniformly random equal shares"),
     "dirichlet": Entry(
@@ -145,13 +300,28 @@ PARTITIONS: dict[str, Entry[list[torch.Tensor]]] = {
         {"shards_per_peer": Param(int, 2, "sorted-label shards per peer")},
         "sorted-label shards (McMahan et al. 2017)",
     ),
+    "label-sets": Entry(
+        "label-sets",
+        _label_sets_spec,
+        {
+            "sets": Param(
+                str,
+                REQUIRED,
+                "label sets separated by '|', one per contiguous block of peers, each like "
+                "0-4 or 0-2+7 (the simulator's workload.label_sets names groups instead)",
+            )
+        },
+        "explicit label sets: each peer holds only its classes, split evenly among holders",
+    ),
 }
 
 
 def partition(
     spec: str, labels: torch.Tensor, num_peers: int, seed: int = 0, **params: Any
 ) -> list[torch.Tensor]:
-    """Partition by spec string: ``"iid"``, ``"dirichlet:alpha=0.1"``, ``"shards:shards_per_peer=2"``."""
+    """Partition by spec string: ``"iid"``, ``"dirichlet:alpha=0.1"``, ``"shards:shards_per_peer=2"``,
+    ``"label-sets:sets=0-4|5-9"`` (the first half of the peers holds classes 0-4, the second
+    half 5-9; for other shapes call :func:`label_sets` with one set per peer)."""
     name, given = parse_spec(spec, "partition")
     entry = lookup(PARTITIONS, name, "partition")
     resolved = entry.resolve({**given, **params})

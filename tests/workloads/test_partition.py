@@ -127,7 +127,8 @@ def test_label_histogram_counts() -> None:
 def test_partition_spec_errors() -> None:
     y = torch.arange(20) % 2
     with pytest.raises(
-        ValueError, match="unknown partition 'pathological'; choose one of: dirichlet, iid, shards"
+        ValueError,
+        match="unknown partition 'pathological'; choose one of: dirichlet, iid, label-sets, shards",
     ):
         partition("pathological", y, 2)
     with pytest.raises(ValueError, match="dirichlet: parameter 'alpha' must be a float"):
@@ -143,4 +144,4 @@ def test_partition_spec_errors() -> None:
     with pytest.raises(ValueError, match="shards_per_peer must be an int >= 1"):
         shards(y, 2, 0)
     assert partition("shards", y, 2, shards_per_peer=5)  # keyword overrides work
-    assert set(PARTITIONS) == {"iid", "dirichlet", "shards"}
+    assert set(PARTITIONS) == {"iid", "dirichlet", "label-sets", "shards"}
