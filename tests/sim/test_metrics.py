@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from sim import figures
 from sim.metrics import (
     COLUMNS,
     Evaluation,
@@ -85,6 +86,8 @@ def test_plot_draws_a_figure(tmp_path: Path) -> None:
     out = plot(runs, tmp_path / "fig.png", title="test")
     assert out.stat().st_size > 10_000
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the figures live in sim.figures (tests/sim/test_figures.py); sim.cli imports it from here
+    assert plot is figures.plot
 
 
 def test_importing_the_simulator_core_does_not_load_matplotlib() -> None:

@@ -19,7 +19,7 @@ EXPECTED = {
     "simulator_tour.ipynb": (["dpsgd", "slower with the straggler"], ["tour.png"]),
     "network_regimes.ipynb": (
         ["latency-bound: target accuracy", "parameter-server", "time to target"],
-        ["regimes_time.png", "regimes_bytes.png"],
+        ["regimes_time.png", "regimes_bytes.png", "regimes_target.png"],
     ),
     "topologies_spectral_gap.ipynb": (
         ["spectral gap", "one-peer-exponential", "consensus distance"],
