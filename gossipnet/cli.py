@@ -61,7 +61,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
         Subcommand(
             "sim",
-            "simulate n peers: run an experiment TOML, or compare algorithms on it",
+            "simulate n peers: run an experiment TOML, compare or sweep any of its fields",
             "sim.cli:main",
         ),
         Subcommand(

@@ -1,57 +1,157 @@
-"""``gossipnet sim``: run one experiment file, or compare several algorithms on it.
+"""``gossipnet sim``: run one experiment file, compare runs on it, or sweep a grid over it.
 
 gossipnet sim run EXP.toml [--rounds N] [--seed S] [--jsonl F] [--csv F] [--plot F]
-gossipnet sim compare EXP.toml --algorithms dpsgd,allreduce,fedavg [--plot F] [--jsonl F]
+gossipnet sim compare EXP.toml (--algorithms dpsgd,allreduce | --over FIELD=V1,V2)
+    [--csv F] [--plot F] [--jsonl F] [--jobs N | --ray ADDRESS]
+gossipnet sim sweep EXP.toml --grid FIELD=V1,V2 [--grid ...] --out DIR
+    [--set FIELD=V] [--rounds N] [--jobs N | --ray ADDRESS] [--skip-invalid] [--parquet]
 gossipnet sim list
+
+``compare`` is a sweep over one field without a results folder; ``sweep`` writes a tidy
+table (CSV, Parquet), a figure and one file per finished run, and resumes. See
+docs/sweeps.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sim.build import build
 from sim.config import ALGORITHMS, ConfigError, ExperimentConfig, load_experiment
 from sim.metrics import Record, plot, write_csv, write_jsonl
 from sim.runner import run
+from sim.sweep import (
+    FIELD_ALIASES,
+    GridAxis,
+    SweepError,
+    SweepOutcome,
+    SweepPlan,
+    execute,
+    parse_axis,
+    parse_setting,
+    plan_sweep,
+    result_table,
+    write_outputs,
+)
+from sim.sweep_executors import (
+    Executor,
+    LocalExecutor,
+    RayExecutor,
+)
+from sim.sweep_progress import SweepProgress
+from sim.sweep_store import RunStore
+from sim.sweep_table import MissingDependency, parquet_available
+from sim.sweep_table import write_csv as write_table
+
+_FIELDS_HELP = (
+    "FIELD is a short name ("
+    + ", ".join(FIELD_ALIASES)
+    + ") or a dotted path into the file (optimizer.lr, algorithm.topology_params.degree)"
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr and exit code 2 (no usage block above it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Vectorized simulation of n peers: gossip algorithms and baselines on one "
-        "workload and one simulated network.",
+        "workload and one simulated network. `sweep` runs a grid over any field of the file "
+        "(local processes or Ray, resumable; docs/sweeps.md).",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     run_parser = commands.add_parser("run", help="run the experiment in a TOML file")
     compare = commands.add_parser(
-        "compare", help="run several algorithms on one experiment: one table, one figure"
+        "compare",
+        help="run the experiment under several values of one field (algorithms, aggregators, "
+        "attacks, ...): one table, one figure",
     )
-    for sub in (run_parser, compare):
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a grid of values over fields of the experiment: tidy CSV/Parquet table, "
+        "figure, progress, resumable; local processes or Ray",
+        description="Run the experiment at every point of a grid. " + _FIELDS_HELP + ". "
+        "Results go to DIR: results.csv, results.parquet (with pyarrow), accuracy.png and "
+        "runs/KEY.json, one per finished run; rerunning the same command redoes nothing "
+        "that finished. See docs/sweeps.md.",
+    )
+    for sub in (run_parser, compare, sweep):
         sub.add_argument(
             "experiment", type=Path, help="experiment TOML file (see docs/simulator.md)"
         )
         sub.add_argument("--rounds", type=int, help="override the file's rounds")
-        sub.add_argument("--seed", type=int, help="override the file's seed")
         sub.add_argument(
             "--device",
             help="override the file's device: auto (the GPU when there is one), cpu, cuda, "
             "cuda:INDEX (default: the file's, else cpu)",
         )
+        sub.add_argument("--quiet", action="store_true", help="no progress")
+    for sub in (run_parser, compare):
+        sub.add_argument("--seed", type=int, help="override the file's seed")
         sub.add_argument("--jsonl", type=Path, help="write the records as JSON lines")
         sub.add_argument(
             "--plot", type=Path, help="draw accuracy vs time / bytes, consensus distance"
         )
-        sub.add_argument("--quiet", action="store_true", help="no progress bar")
-    run_parser.add_argument("--csv", type=Path, help="write the records as CSV")
-    compare.add_argument(
-        "--algorithms",
-        required=True,
-        help="comma-separated names; choices: " + ", ".join(ALGORITHMS),
+        sub.add_argument("--csv", type=Path, help="write the records as CSV")
+    chosen = compare.add_mutually_exclusive_group(required=True)
+    chosen.add_argument(
+        "--algorithms", help="comma-separated names; choices: " + ", ".join(ALGORITHMS)
     )
+    chosen.add_argument(
+        "--over",
+        metavar="FIELD=V1,V2",
+        help="vary one field, e.g. aggregator=mean,trimmed-mean:b=4 or attack=sign-flip,alie; "
+        + _FIELDS_HELP,
+    )
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        metavar="FIELD=V1,V2",
+        help="one axis of the grid (repeat for more); values that read as TOML numbers or "
+        "booleans are; a spec's own parameters may follow a comma (krum:f=1,m=2)",
+    )
+    sweep.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="one value for every run (repeatable), not a column of the table",
+    )
+    sweep.add_argument("--out", type=Path, required=True, help="results folder (resumable)")
+    sweep.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="skip grid points the configuration refuses (listed) instead of stopping",
+    )
+    sweep.add_argument(
+        "--parquet",
+        action="store_true",
+        help="require results.parquet (default: written when pyarrow is installed)",
+    )
+    for sub in (compare, sweep):
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument(
+            "--jobs", type=int, help="local worker processes (default: the number of CPUs)"
+        )
+        where.add_argument(
+            "--ray",
+            metavar="ADDRESS",
+            help="run one Ray task per run: auto (the cluster `ray start` runs here), local "
+            "(a fresh local instance) or a cluster address (needs gossipnet[ray])",
+        )
     commands.add_parser("list", help="list the algorithms")
     return parser
 
@@ -83,13 +183,13 @@ def _run_one(config: ExperimentConfig, quiet: bool) -> list[Record]:
         )
 
 
-def _table(runs: dict[str, list[Record]]) -> None:
+def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="final evaluation (honest peers)")
     for column in (
-        "algorithm",
+        first,
         "rounds",
         "sim time (s)",
         "bytes total",
@@ -98,7 +198,7 @@ def _table(runs: dict[str, list[Record]]) -> None:
         "worst peer",
         "consensus dist.",
     ):
-        table.add_column(column, justify="left" if column == "algorithm" else "right", no_wrap=True)
+        table.add_column(column, justify="left" if column == first else "right", no_wrap=True)
     for name, records in runs.items():
         last = records[-1]
         table.add_row(
@@ -112,8 +212,122 @@ def _table(runs: dict[str, list[Record]]) -> None:
             f"{last.consensus_distance:.3g}",
         )
     console = Console()
-    console.width = max(console.width, 120)
+    console.width = max(console.width, 120, 100 + max(len(name) for name in runs))
     console.print(table)
+
+
+def _executor(args: argparse.Namespace) -> Executor:
+    if args.ray is not None:
+        executor = RayExecutor(args.ray)
+        executor.connect()  # an unreachable cluster is refused before anything is drawn
+        return executor
+    return LocalExecutor(args.jobs)
+
+
+def _settings(args: argparse.Namespace) -> list[tuple[tuple[str, ...], Any]]:
+    """The one-value overrides: ``--set`` (sweep), then ``--rounds``/``--seed``/``--device``."""
+    settings = [parse_setting(text) for text in getattr(args, "set", [])]
+    for flag in ("rounds", "seed", "device"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            settings.append(((flag,), value))
+    return settings
+
+
+def _compare_axis(args: argparse.Namespace) -> GridAxis:
+    if args.over is not None:
+        return parse_axis(args.over, flag="--over")
+    names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if not names or unknown:
+        raise SweepError(
+            "--algorithms",
+            f"unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(ALGORITHMS)}",
+        )
+    return parse_axis("algorithm=" + ",".join(names), flag="--algorithms")
+
+
+def _plan(args: argparse.Namespace, axes: Sequence[GridAxis]) -> SweepPlan:
+    return plan_sweep(
+        args.experiment,
+        axes,
+        settings=_settings(args),
+        skip_invalid=getattr(args, "skip_invalid", False),
+        check_device=args.ray is None,
+    )
+
+
+def _report_invalid(plan: SweepPlan, label: str) -> None:
+    for point in plan.invalid:
+        print(f"{label}: skipping invalid point {point.label()}: {point.reason}", file=sys.stderr)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    axis = _compare_axis(args)
+    plan = _plan(args, [axis])
+    executor = _executor(args)
+    progress = SweepProgress(quiet=args.quiet, label="compare")
+    try:
+        outcome = execute(plan, executor, progress=progress)
+    except KeyboardInterrupt:
+        print("compare: interrupted", file=sys.stderr)
+        return 130
+    runs = outcome.runs()
+    if runs:
+        _table(runs, first=axis.name)
+    output = plan.points[0].config.output if plan.points else None
+    jsonl = args.jsonl or (Path(output.jsonl) if output and output.jsonl else None)
+    csv = args.csv or (Path(output.csv) if output and output.csv else None)
+    figure = args.plot or (Path(output.plot) if output and output.plot else None)
+    if jsonl:
+        write_jsonl([record for records in runs.values() for record in records], jsonl)
+    if csv:
+        write_table(*result_table(outcome), csv)
+    if figure and runs:
+        plot(runs, figure, title=plan.describe())
+    return _failures(outcome, "compare")
+
+
+def _failures(outcome: SweepOutcome, label: str) -> int:
+    if not outcome.failed:
+        return 0
+    print(
+        f"{label}: {len(outcome.failed)} run{'s' if len(outcome.failed) != 1 else ''} failed "
+        "(see above); the others' results are written",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    axes = [parse_axis(text) for text in args.grid]
+    if args.parquet and not parquet_available():
+        raise SweepError(
+            "--parquet", "pyarrow is not installed; pip install pyarrow, or leave out --parquet"
+        )
+    plan = _plan(args, axes)
+    _report_invalid(plan, "sweep")
+    executor = _executor(args)
+    store = RunStore(args.out)
+    progress = SweepProgress(quiet=args.quiet)
+    try:
+        outcome = execute(plan, executor, store=store, progress=progress)
+    except KeyboardInterrupt:
+        print(
+            f"sweep: interrupted; finished runs are kept in {store.folder}, rerun the same "
+            "command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    runs = outcome.runs()
+    if runs:
+        _table(runs, first=", ".join(axis.name for axis in axes))
+    written = write_outputs(outcome, args.out, parquet=True if args.parquet else None)
+    if "parquet" not in written:
+        print("sweep: pyarrow is not installed, so no results.parquet", file=sys.stderr)
+    for path in written.values():
+        print(f"wrote {path}")
+    return _failures(outcome, "sweep")
 
 
 def main(argv: Sequence[str], prog: str = "gossipnet sim") -> int:
@@ -124,24 +338,19 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim") -> int:
             print(f"{name:<24} {summary}")
         return 0
     try:
+        if args.command == "compare":
+            return _compare(args)
+        if args.command == "sweep":
+            return _sweep(args)
         config = _override(load_experiment(args.experiment), args)
-        if args.command == "run":
-            runs = {config.algorithm.name: _run_one(config, args.quiet)}
-        else:
-            names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
-            unknown = [n for n in names if n not in ALGORITHMS]
-            if not names or unknown:
-                parser.error(
-                    f"--algorithms: unknown {', '.join(unknown) or '(empty)'}; "
-                    f"choose from {', '.join(ALGORITHMS)}"
-                )
-            runs = {name: _run_one(config.with_algorithm(name), args.quiet) for name in names}
-    except (ConfigError, ValueError) as error:  # bad input found while building or running
+        runs = {config.algorithm.name: _run_one(config, args.quiet)}
+    except (ConfigError, ValueError, MissingDependency) as error:
+        # bad input found while parsing, planning, building or running
         parser.error(str(error))
     _table(runs)
     output = config.output
     jsonl = args.jsonl or (Path(output.jsonl) if output.jsonl else None)
-    csv = getattr(args, "csv", None) or (Path(output.csv) if output.csv else None)
+    csv = args.csv or (Path(output.csv) if output.csv else None)
     figure = args.plot or (Path(output.plot) if output.plot else None)
     every = [record for records in runs.values() for record in records]
     if jsonl:
