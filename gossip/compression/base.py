@@ -70,7 +70,7 @@ def uniform(like: Tensor, generator: Randomness) -> Tensor:
         noise = torch.empty(like.shape, dtype=torch.float32, device=like.device)
         for row, g in zip(noise, generators):  # each row drawn straight into its place
             if g.device == like.device:
-                torch.rand(row.shape, generator=g, out=row)
+                torch.rand(row.shape, generator=g, out=row, device=row.device)
             else:
                 row.copy_(torch.rand(row.shape, generator=g, device=g.device))
         return noise

@@ -72,7 +72,7 @@ class NoCompression(Compressor):
         return fields["data"]
 
     def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
-        return self._encode_fields(torch.empty(d, dtype=dtype), None)
+        return self._encode_fields(torch.empty(d, dtype=dtype, device="cpu"), None)
 
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         wire = WIRE_DTYPE_NAMES[fields["data"].dtype]
@@ -102,7 +102,7 @@ class _Cast(Compressor):
         return fields["data"].to(torch.float32)
 
     def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
-        return {"data": torch.empty(d, dtype=self.dtype)}
+        return {"data": torch.empty(d, dtype=self.dtype, device="cpu")}
 
     def _serialize(self, fields: Mapping[str, Tensor], d: int) -> Payload:
         return {"dtype": self.wire_dtype, "data": to_bytes(fields["data"], self.wire_dtype)}

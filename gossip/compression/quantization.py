@@ -77,7 +77,10 @@ class StochasticQuantization(Compressor):
         self.block = block
         self.levels = 2 ** (bits - 1) - 1
         self.per_byte = 8 // bits
-        fields = (torch.arange(256)[:, None] >> torch.arange(0, 8, bits)) & ((1 << bits) - 1)
+        cpu = torch.device("cpu")
+        fields = (
+            torch.arange(256, device=cpu)[:, None] >> torch.arange(0, 8, bits, device=cpu)
+        ) & ((1 << bits) - 1)
         self._table = (fields - self.levels).to(torch.float32)  # byte -> its q = level - L
         self._bad_bytes = (fields > 2 * self.levels).any(dim=1).numpy()  # holds a level > 2L
 
@@ -191,8 +194,8 @@ class StochasticQuantization(Compressor):
 
     def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
         return {
-            "scale": torch.empty(math.ceil(d / self._width(d))),
-            "level": torch.empty(math.ceil(d / self.per_byte), dtype=torch.uint8),
+            "scale": torch.empty(math.ceil(d / self._width(d)), device="cpu"),
+            "level": torch.empty(math.ceil(d / self.per_byte), dtype=torch.uint8, device="cpu"),
         }
 
     # -- decode --------------------------------------------------------------------

@@ -128,7 +128,7 @@ def largest_in_row(
     """Indices ``[k]``, increasing, of the k largest of one CPU row's d scores (the
     definition above), the row's scores materialized once: ``fill(out, 0, d)`` writes them
     (no NaN, of ``dtype``) into ``out`` and returns it."""
-    scores = fill(torch.empty(d, dtype=dtype), 0, d)
+    scores = fill(torch.empty(d, dtype=dtype, device="cpu"), 0, d)
     return exact_largest(scores.unsqueeze(0), k)[0]
 
 
@@ -150,7 +150,7 @@ def largest_above(
     generator.
     """
     size = layout.SLAB if size is None else size
-    workspace = torch.empty(min(d, size), dtype=dtype)
+    workspace = torch.empty(min(d, size), dtype=dtype, device="cpu")
     positions: list[np.ndarray] = []  # scores above the threshold: every one may count
     values: list[np.ndarray] = []
     ties: list[np.ndarray] = []  # scores equal to it: only the first k may count

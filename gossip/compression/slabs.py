@@ -129,8 +129,13 @@ def draw_uniform(out: Tensor, generator: Randomness, slab: Slab, rows: int) -> T
     """Fill ``out`` (contiguous, the slab's shape) with U[0, 1) float32 draws, in stream order:
     one call for a single generator, one per row for per-row generators."""
     if generator is None or isinstance(generator, torch.Generator):
-        return torch.rand(out.shape, generator=generator, out=out)
+        return torch.rand(out.shape, generator=generator, out=out, device=out.device)
     gens: Sequence[torch.Generator] = generator
     for i in range(out.shape[0]):
-        torch.rand(out.shape[1:], generator=row_generator(gens, slab.row + i, rows), out=out[i])
+        torch.rand(
+            out.shape[1:],
+            generator=row_generator(gens, slab.row + i, rows),
+            out=out[i],
+            device=out.device,
+        )
     return out

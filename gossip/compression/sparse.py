@@ -105,7 +105,7 @@ class _Sparse(Compressor):
         if d <= layout.SLAB and not sparse_long_rows:  # short rows: batched, a group at a time
             plan = list(slabs(n, d))
             size = max((s.shape[0] * d for s in plan), default=0)
-            workspace = torch.empty(size, dtype=dtype)
+            workspace = torch.empty(size, dtype=dtype, device="cpu")
             parts = [
                 exact_largest(
                     self._scores(rows, s, workspace[: s.shape[0] * d].view(s.shape), generator),
@@ -113,11 +113,15 @@ class _Sparse(Compressor):
                 )
                 for s in plan
             ]
-            return torch.cat(parts) if parts else torch.empty((0, k), dtype=torch.int64)
+            return (
+                torch.cat(parts) if parts else torch.empty((0, k), dtype=torch.int64, device="cpu")
+            )
         chosen = [
             self._select_row(rows, row, k, generator, dtype, sparse_long_rows) for row in range(n)
         ]
-        return torch.stack(chosen) if chosen else torch.empty((0, k), dtype=torch.int64)
+        return (
+            torch.stack(chosen) if chosen else torch.empty((0, k), dtype=torch.int64, device="cpu")
+        )
 
     def _select_row(
         self,
@@ -160,7 +164,10 @@ class _Sparse(Compressor):
 
     def _empty_fields(self, d: int, dtype: torch.dtype) -> dict[str, Tensor]:
         k = self.k(d)
-        return {"index": torch.zeros(k, dtype=torch.int64), "value": torch.empty(k)}
+        return {
+            "index": torch.zeros(k, dtype=torch.int64, device="cpu"),
+            "value": torch.empty(k, device="cpu"),
+        }
 
     def _decode_fields(self, fields: Mapping[str, Tensor], d: int) -> Tensor:
         value = fields["value"]
