@@ -1,7 +1,7 @@
 """Byzantine injection: what Byzantine senders put in their receivers' inboxes.
 
-One rule, two runners. The simulator replaces every Byzantine slot of all n inboxes at
-once with :func:`byzantine_messages`; a networked peer that plays Byzantine for an
+One rule, two runners. The simulator replaces every Byzantine slot of all n inboxes
+with :func:`byzantine_messages` (at once, or a chunk of receivers at a time); a networked peer that plays Byzantine for an
 evaluation asks :func:`byzantine_message` what to send to one receiver. Both go through
 the same two helpers, so a peer sends exactly what the simulator puts in the inbox:
 
@@ -40,6 +40,8 @@ def byzantine_messages(
     mask: Tensor,
     byzantine: Tensor,
     generator: torch.Generator | None = None,
+    *,
+    receivers: Tensor | None = None,
 ) -> Tensor:
     """``received [n, k, m]`` with every slot whose sender is Byzantine replaced by the attack.
 
@@ -53,6 +55,11 @@ def byzantine_messages(
         mask: ``[n, k]`` bool, True where the slot is present.
         byzantine: ``[n]`` bool, True for Byzantine nodes.
         generator: randomness for stochastic attacks (default: the attack's own).
+        receivers: ``[r]`` long, the node whose inbox each row of ``received``, ``index``,
+            ``weights`` and ``mask`` is (then ``[r, k, m]`` and ``[r, k]``), for a runner that
+            streams a chunk of receivers at a time; ``sent`` and ``byzantine`` still cover
+            all n nodes. Default: row i is node i. Each receiver's slots get what they would
+            get in one call over all n (a stochastic attack draws its noise per call).
 
     An attack that needs nothing but the sender's own message is called once on all
     Byzantine slots ``[s, m]``. An omniscient one is called once for all receivers that have
@@ -74,20 +81,20 @@ def byzantine_messages(
     ``ValueError`` when the attack's messages do not have length m (``garbage:kind=
     wrong-length`` cannot enter an inbox; a peer sends it with :func:`byzantine_message`).
     """
-    _check_inboxes(sent, received, index, weights, mask, byzantine)
+    _check_inboxes(sent, received, index, weights, mask, byzantine, receivers)
     slots = mask & byzantine[index]
-    receivers, positions = slots.nonzero(as_tuple=True)
-    if receivers.numel() == 0:
+    inboxes, positions = slots.nonzero(as_tuple=True)
+    if inboxes.numel() == 0:
         return received
     if not attack.needs_honest:
-        malicious = _per_edge(attack, sent[index[receivers, positions]], generator)
+        malicious = _per_edge(attack, sent[index[inboxes, positions]], generator)
     else:
         rows = slots.any(dim=1).nonzero().squeeze(1)
         first = slots[rows].to(torch.int8).argmax(dim=1)  # the colluders share one vector
         per_receiver = _per_receiver(
             attack,
             own=sent[index[rows, first]],
-            target=sent[rows],
+            target=sent[rows if receivers is None else receivers[rows]],
             honest=received[rows],
             honest_mask=(mask & ~byzantine[index])[rows],
             honest_weights=weights[rows],
@@ -97,15 +104,15 @@ def byzantine_messages(
         )
         per_row = torch.zeros(received.shape[0], dtype=torch.long, device=rows.device)
         per_row[rows] = torch.arange(rows.numel(), device=rows.device)
-        malicious = per_receiver[per_row[receivers]]
-    if malicious.shape != (receivers.numel(), received.shape[-1]):
+        malicious = per_receiver[per_row[inboxes]]
+    if malicious.shape != (inboxes.numel(), received.shape[-1]):
         raise ValueError(
             f"attack: {attack!r} sent messages of shape {list(malicious.shape[1:])} but the "
             f"inboxes hold messages of shape [{received.shape[-1]}]; a message of another "
             "length cannot enter a batched inbox (a peer sends it with byzantine_message)"
         )
     out = received.clone()
-    out[receivers, positions] = malicious.to(out.dtype)
+    out[inboxes, positions] = malicious.to(out.dtype)
     return out
 
 
@@ -313,20 +320,34 @@ def _attack_groups(attack: Attack, sizes: Tensor, counts: Tensor) -> list[tuple[
 
 
 def _check_inboxes(
-    sent: Tensor, received: Tensor, index: Tensor, weights: Tensor, mask: Tensor, byzantine: Tensor
+    sent: Tensor,
+    received: Tensor,
+    index: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    byzantine: Tensor,
+    receivers: Tensor | None = None,
 ) -> None:
     """Shapes and dtypes of :func:`byzantine_messages`' table (no device synchronisation)."""
     if received.ndim != 3:
         raise ValueError(f"received must have shape [n, k, m], got {list(received.shape)}")
-    n, k, m = received.shape
+    r, k, m = received.shape
+    n = r if receivers is None else sent.shape[0]
+    if receivers is not None and (
+        receivers.shape != (r,) or receivers.dtype not in (torch.int32, torch.int64)
+    ):
+        raise ValueError(
+            f"receivers must be an integer tensor of shape [{r}] (one node per inbox row), "
+            f"got {_describe(receivers)}"
+        )
     if sent.shape != (n, m):
         raise ValueError(f"sent must have shape [{n}, {m}] like received, got {list(sent.shape)}")
     for name, tensor in (("index", index), ("weights", weights), ("mask", mask)):
-        if tensor.shape != (n, k):
-            raise ValueError(f"{name} must have shape [{n}, {k}], got {list(tensor.shape)}")
+        if tensor.shape != (r, k):
+            raise ValueError(f"{name} must have shape [{r}, {k}], got {list(tensor.shape)}")
     if mask.dtype != torch.bool or byzantine.dtype != torch.bool or byzantine.shape != (n,):
         raise ValueError(
-            f"mask must be a bool tensor [{n}, {k}] and byzantine a bool tensor [{n}], got "
+            f"mask must be a bool tensor [{r}, {k}] and byzantine a bool tensor [{n}], got "
             f"{mask.dtype} and {byzantine.dtype} {list(byzantine.shape)}"
         )
 

@@ -40,8 +40,9 @@ caller's payload and the callee's answer; a dense codec's size depends only on d
 
 Runners: the simulator calls :meth:`PairwiseGossip.exchange` (or :func:`pairwise_average`)
 on a batch of disjoint pairs ``[m, 2]`` at once (callers in column 0, callees in column 1,
-codec on the batched path ``compress(x, generator).values``); a peer calls the two halves
-for itself around its wire codec (``peer.pairwise``).
+codec on the batched path ``compress(x, generator).values``), or
+:meth:`PairwiseGossip.exchange_rows` on the pairs' rows it has gathered itself; a peer calls
+the two halves for itself around its wire codec (``peer.pairwise``).
 
 >>> import torch
 >>> rule = PairwiseGossip()
@@ -143,6 +144,8 @@ class PairwiseGossip:
             answer: ``[*, d]`` the callee's decoded answer ``C(a)``.
         Rows of ``own`` still equal to ``sent`` (no progress during the round trip) take
         ``answer`` exactly; other rows keep the progress ``x_i - s``. Returns ``own``.
+        ``sent`` may be ``own`` itself (a runner whose caller cannot progress meanwhile):
+        then every row without a NaN takes ``answer``, as with a separate snapshot.
         """
         if own.shape != sent.shape or own.shape != answer.shape:
             raise ValueError(
@@ -150,6 +153,12 @@ class PairwiseGossip:
                 f"{tuple(sent.shape)} and {tuple(answer.shape)}"
             )
         with torch.no_grad():
+            if sent is own:
+                # a finite row sum proves the row finite, so equal to itself: one cheap pass
+                # instead of an elementwise comparison; otherwise compare with a snapshot
+                if bool(torch.isfinite(own.sum(dim=-1)).all()):
+                    return own.copy_(answer.to(device=own.device, dtype=own.dtype))
+                sent = own.clone()
             sent = sent.to(device=own.device, dtype=own.dtype)
             answer = answer.to(device=own.device, dtype=own.dtype)
             if own.dim() == 1:
@@ -200,14 +209,39 @@ class PairwiseGossip:
             raise ValueError("pairs must be disjoint (a matching): a node appears twice")
         callers, callees = pairs[:, 0], pairs[:, 1]
         with torch.no_grad():
-            sent = x[callers]
-            received = self.compressor.compress(sent, generator).values
-            own = x[callees]
-            averaged = self.callee_answer(own, received)
-            x[callees] = own
-            answer = self.compressor.compress(averaged, generator).values
-            x[callers] = self.caller_update(x[callers], sent, answer)
+            # index_select / index_copy_: several times faster than advanced indexing on CPU
+            sent = torch.index_select(x, 0, callers)
+            own = torch.index_select(x, 0, callees)
+            self.exchange_rows(sent, own, generator)
+            x.index_copy_(0, callees, own)
+            x.index_copy_(0, callers, sent)
         return x
+
+    def exchange_rows(
+        self, callers: Tensor, callees: Tensor, generator: torch.Generator | None = None
+    ) -> None:
+        """One exchange per row, in place: caller i holds ``callers[i]``, its callee
+        ``callees[i]`` (``[m, d]`` each, e.g. two row blocks of one buffer; no row in both).
+
+        The rule of :meth:`exchange` on rows a runner has already gathered: caller i sends
+        ``C(s)`` with ``s = callers[i]``; the callee adopts ``a = A(callees[i], C(s))``
+        (:meth:`callee_answer`) and answers ``C(a)``; the caller, which made no progress
+        during the round trip (its row is still ``s``), updates by :meth:`caller_update`,
+        i.e. takes ``C(a)``. Codec draws: callers' payloads first, then the answers.
+        """
+        if callers.dim() != 2 or callers.shape != callees.shape:
+            raise ValueError(
+                "callers and callees must be [m, d] tensors of one shape, got "
+                f"{tuple(callers.shape)} and {tuple(callees.shape)}"
+            )
+        self.check_batchable()
+        if callers.shape[0] == 0:
+            return
+        with torch.no_grad():
+            received = self.compressor.compress(callers, generator).values
+            averaged = self.callee_answer(callees, received)
+            answer = self.compressor.compress(averaged, generator).values
+            self.caller_update(callers, callers, answer)  # its rows are the snapshot
 
     def message_bytes(self, d: int) -> int:
         """Bytes of one message, ``compressor.wire_bytes(d)``: an exchange sends two, the

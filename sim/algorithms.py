@@ -26,7 +26,7 @@ from sim.network import (
     ring_allreduce_time,
     synchronous_round_time,
 )
-from sim.optimizers import build_optimizer, masked_step
+from sim.optimizers import RowOptimizer, build_optimizer, masked_step
 from workloads.batching import StackedBatchSampler
 
 BYTES_PER_FLOAT32 = 4
@@ -50,6 +50,20 @@ class OptimizerConfig:
             momentum=self.momentum,
             weight_decay=self.weight_decay,
             nesterov=self.nesterov,
+        )
+
+    def build_rows(self, params: Tensor) -> RowOptimizer:
+        """The same optimizer for each row of ``params [n, d]``, stepping chosen rows only
+        (:class:`sim.optimizers.RowOptimizer`; Adam counts each row's own steps)."""
+        return RowOptimizer(
+            (int(params.shape[0]), int(params.shape[1])),
+            self.name,
+            lr=self.lr,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            nesterov=self.nesterov,
+            dtype=params.dtype,
+            device=params.device,
         )
 
 
@@ -94,11 +108,31 @@ class Context:
         """M, one full-precision model (or gradient) in bytes."""
         return self.peers.dim * BYTES_PER_FLOAT32
 
-    def batch(self) -> tuple[Tensor, Tensor]:
-        """Every peer's next minibatch from its own partition: ``x [n, B, ...]``, ``y [n, B]``."""
-        index = self.sampler.indices(self.batches_drawn).to(self.x_train.device)
+    def batch(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Every peer's next minibatch from its own partition: ``x [n, B, ...]``, ``y [n, B]``;
+        with ``rows [m]`` (sorted peer indices) only those peers' rows of it, ``[m, B, ...]``."""
+        index = self.sampler.indices(self.batches_drawn)
         self.batches_drawn += 1
+        if rows is not None:
+            index = index[rows.cpu()]
+        index = index.to(self.x_train.device)
         return self.x_train[index], self.y_train[index]
+
+    def batch_indices(self, peers: np.ndarray, steps: np.ndarray) -> Tensor:
+        """``[m, B]`` training-set indices (on the CPU) of the batch that peer ``peers[i]``
+        draws at its own local step ``steps[i]``: row ``peers[i]`` of the sampler's step
+        ``steps[i]``, the batch a networked peer takes for that step (asynchronous peers are
+        at different steps). One sampler draw per distinct step."""
+        peers = np.asarray(peers, dtype=np.int64)
+        steps = np.asarray(steps, dtype=np.int64)
+        index = torch.empty(
+            (peers.shape[0], self.sampler.batch_size), dtype=torch.int64, device="cpu"
+        )
+        for step in np.unique(steps).tolist():
+            where = np.flatnonzero(steps == step)
+            drawn = self.sampler.indices(int(step))
+            index[torch.from_numpy(where)] = drawn[torch.from_numpy(peers[where])]
+        return index
 
     def alive(self) -> Tensor:
         return torch.from_numpy(self.failures.alive(self.time)).to(self.device)
@@ -413,27 +447,30 @@ class FedAvg:
         self.sizes = ctx.sampler.sizes.to(self.model.device, self.model.dtype)
 
     def round(self, ctx: Context) -> RoundReport:
+        """Only the round's m sampled live clients compute (O(m·d) per local step): each
+        draws its own rows of the step's batch, as it would with all n clients computing."""
         alive = ctx.alive()
         count = max(1, round(self.fraction * ctx.n))
         generator = torch.Generator().manual_seed(ctx.seed * 1_000_003 + ctx.round)
         chosen = torch.zeros(ctx.n, dtype=torch.bool, device="cpu")
         chosen[torch.randperm(ctx.n, generator=generator, device="cpu")[:count]] = True
         chosen = chosen.to(ctx.device) & alive
-        clients = self.model.expand(ctx.n, -1).clone()
+        index = chosen.nonzero().squeeze(1)
+        clients = self.model.expand(index.numel(), -1).clone()
         optimizer = ctx.optimizer.build(clients)  # fresh local optimizer state each round
-        losses = torch.zeros(ctx.n, device=ctx.device)
+        losses = torch.full((1,), float("nan"), device=ctx.device)
         compute = np.zeros(ctx.n)
         for local in range(self.local_steps):
-            x, y = ctx.batch()
-            losses, clients.grad = ctx.peers.gradients(x, y, clients)
-            masked_step(optimizer, clients, chosen)
+            x, y = ctx.batch(index)  # the step's batch is drawn whoever computes
+            if index.numel():
+                losses, clients.grad = ctx.peers.gradients(x, y, clients)
+                optimizer.step()
             compute += ctx.compute.sample(ctx.round * self.local_steps + local)
-        index = chosen.nonzero().squeeze(1)
         if index.numel():
             weights = self.sizes[index] / self.sizes[index].sum()
-            self.model = (weights.unsqueeze(1) * clients[index]).sum(dim=0, keepdim=True)
+            self.model = (weights.unsqueeze(1) * clients).sum(dim=0, keepdim=True)
         return _server_round(
-            ctx, index.cpu().numpy(), compute, self.local_steps, _mean_loss(losses, chosen)
+            ctx, index.cpu().numpy(), compute, self.local_steps, float(losses.mean())
         )
 
     def models(self, ctx: Context) -> Tensor:

@@ -14,12 +14,25 @@ the round and its step counter), which is also what each message is charged.
 :class:`AsynchronousGossip` is AD-PSGD (Lian et al., ICML 2018) driven by the discrete-event
 simulation of :func:`sim.network.asynchronous_gossip_events`: each peer computes a gradient,
 averages with one random neighbour (``gossip.PairwiseGossip``) and applies its gradient.
-Events are processed in time order, in waves of disjoint pairs (one vmap per wave).
+A round is the next n events in time order, run as :func:`conflict_free_waves`: each wave a
+matching of disjoint pairs, batched, which gives the result of running the events one by
+one in time order. Only the rows of a wave's peers are read and written: a round costs
+O(n·d) like a synchronous one.
+
+Memory, in ``[n, d]`` tensors of the model's dtype (d parameters, n peers): the parameters
+(1), plus the optimizer's per-row state (SGD momentum 1, Adam 2), plus for synchronous gossip
+a second buffer the exchange mixes into (1; it becomes the parameters by a storage swap).
+Everything else is a block of peers at a time: gradients (:class:`BlockedOptimizer`, also for
+combine-then-adapt), the gathered inboxes, Byzantine messages and AD-PSGD's waves. The
+generic path (a stateful rule, push-sum, CHOCO) holds the whole ``[n, k, m]`` inbox and an
+``[n, d]`` gradient buffer for combine-then-adapt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +51,9 @@ from gossip.algorithms import (
 from gossip.compression import launch_envelope_bytes, launch_peer_id, node_generators
 from gossip.pairwise import PairwiseGossip, ad_psgd
 from sim.algorithms import Context, RoundReport, _mean_loss
-from sim.mixing import gather_mix, gather_rows, keeps_state, rows_for_budget
-from sim.network import Event, asynchronous_gossip_events
-from sim.optimizers import BlockedOptimizer, masked_step
+from sim.mixing import Injection, gather_mix, gather_rows, keeps_state, rows_for_budget
+from sim.network import asynchronous_gossip_events
+from sim.optimizers import BlockedOptimizer
 from topologies.schedules import Schedule
 
 
@@ -93,8 +106,11 @@ class SynchronousGossip:
             )
         table = self.schedule.neighbour_table(0)
         full = torch.as_tensor(table.mask, dtype=torch.bool, device=ctx.device)
-        if not bool(self._enough(full).all()):
-            smallest = int(full.sum(dim=1).min()) + 1
+        # only honest receivers count: a Byzantine peer's own aggregate is never used (what it
+        # sends is the attack's), and one whose neighbourhood is too small keeps its model
+        honest = ctx.honest
+        if not bool(self._enough(full)[honest].all()):
+            smallest = int(full[honest].sum(dim=1).min()) + 1
             raise ValueError(
                 f"aggregator: {getattr(self.algorithm, 'aggregator', None)!r} cannot run on this "
                 f"topology: its smallest neighbourhood has n = {smallest} (own + neighbours); "
@@ -114,21 +130,27 @@ class SynchronousGossip:
         table = self.schedule.neighbour_table(ctx.round)
         losses = torch.full((ctx.n,), float("nan"), device=ctx.device)
         grads: Tensor | None = None
+        deferred: tuple[Tensor, Tensor] | None = None  # a gradient the exchange takes
+        stepped = False  # the exchange did the step phase that follows it
         local_steps = 0
         exchanges = 0
         sent_bytes = np.zeros(ctx.n)
         phases = self.algorithm.plan.phases()
         for position, phase in enumerate(phases):
+            following = phases[position + 1 : position + 3]
             if phase == "gradient":
                 x, y = ctx.batch()
-                if position + 1 < len(phases) and phases[position + 1] == "step":
+                if following[:1] == ("step",):
                     losses = self.trainer.step(x, y, alive)  # the step phase is done here
+                elif following == ("exchange", "step") and self._defers_gradient():
+                    deferred = (x, y)  # combine-then-adapt: gradient and step in the exchange
                 else:  # kept for a later step phase, in the trainer's reused buffer
                     losses, grads = ctx.peers.gradients(
                         x, y, self.parameters, out=self.trainer.grads
                     )
             elif phase == "step":
-                if position > 0 and phases[position - 1] == "gradient":
+                if (position > 0 and phases[position - 1] == "gradient") or stepped:
+                    stepped = False
                     local_steps += 1
                     continue
                 if grads is None:
@@ -136,7 +158,12 @@ class SynchronousGossip:
                 self.trainer.step_with(grads, alive)
                 local_steps += 1
             else:  # the senders' step counters, as their envelopes carry them
-                sent_bytes += self._exchange(ctx, table, alive, ctx.step_count + local_steps)
+                sent, taken = self._exchange(
+                    ctx, table, alive, ctx.step_count + local_steps, deferred
+                )
+                sent_bytes += sent
+                if deferred is not None and taken is not None:
+                    losses, deferred, stepped = taken, None, True
                 exchanges += 1
         ctx.step_count[alive.cpu().numpy()] += local_steps
         compute = np.zeros(ctx.n)
@@ -153,7 +180,27 @@ class SynchronousGossip:
             train_loss=_mean_loss(losses, honest_alive),
         )
 
-    def _exchange(self, ctx: Context, table: Any, alive: Tensor, steps: np.ndarray) -> np.ndarray:
+    def _defers_gradient(self) -> bool:
+        """Whether combine-then-adapt's gradient can be taken inside the exchange: plain
+        D-PSGD, whose exchange leaves the pre-mixing models readable until it ends (its
+        ``late`` is a no-op), so a block of gradients at a time replaces an ``[n, d]`` buffer."""
+        return (
+            type(self.algorithm) is DecentralizedSGD
+            and isinstance(self.state, GossipState)
+            and self.state.x is self.parameters
+        )
+
+    def _exchange(
+        self,
+        ctx: Context,
+        table: Any,
+        alive: Tensor,
+        steps: np.ndarray,
+        batch: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[np.ndarray, Tensor | None]:
+        """One exchange; returns the bytes each peer sent. With ``batch`` (combine-then-adapt,
+        :meth:`_defers_gradient`), also the gradient at the pre-mixing models on that batch
+        and the optimizer step on the mixed ones, and returns their losses too."""
         device = ctx.device
         index = torch.as_tensor(table.index, dtype=torch.long, device=device)
         listening = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
@@ -179,10 +226,25 @@ class SynchronousGossip:
             codec=self.algorithm.compressor.codec,
         )
         sent = compressed.values
+        sent_bytes = self._sent_bytes(ctx, index, listening, alive, self.message_bytes)
+        attacked = mask
+        hopeless = ~self._enough(listening)
+        if bool(hopeless.any()):
+            # a receiver whose whole table is too small for the rule (a Byzantine one: setup
+            # refuses any honest one) keeps its model: the rule runs on its own vector in
+            # every slot, no attack enters, and the frozen row is restored after
+            rows = hopeless.nonzero()
+            index, mask = index.clone(), mask.clone()
+            index[rows.squeeze(1)] = rows
+            mask[rows.squeeze(1)] = True
+            attacked = mask & ~hopeless.unsqueeze(1)
+        inject = self._injection(ctx, sent, index, weights, attacked)
+        losses: Tensor | None = None
         if self._streams(ctx, sent):
             # plain D-PSGD with a stateless rule: mix a cache-sized chunk of receivers at a
-            # time into a reused buffer (no [n, k, d] gather), then restore frozen rows.
-            # The same rule on the same rows as ``algorithm.combine``, so the same numbers.
+            # time into a reused buffer (no [n, k, d] gather; Byzantine messages injected
+            # chunk by chunk), then restore frozen rows. The same rule on the same rows as
+            # ``algorithm.combine``, so the same numbers.
             x = self.state.x
             assert isinstance(self.algorithm, DecentralizedSGD)  # checked by _streams
             if self._mixed is None or self._mixed.shape != x.shape:
@@ -190,21 +252,32 @@ class SynchronousGossip:
             chunk = rows_for_budget(ctx.n, int(index.shape[1]), int(x.shape[1]))
             hood = _Hood(index, weights, mask, self_weight)
             mixed = gather_mix(
-                x, hood, self.algorithm.aggregator, sent=sent, chunk_rows=chunk, out=self._mixed
+                x,
+                hood,
+                self.algorithm.aggregator,
+                sent=sent,
+                chunk_rows=chunk,
+                out=self._mixed,
+                inject=inject,
             )
             rows = frozen.nonzero().squeeze(1)
             with torch.no_grad():
                 mixed[rows] = x[rows]
                 if x is self.parameters and mixed is self._mixed:
-                    self._mixed = self.trainer.swap(mixed)  # no [n, d] copy back
-                else:
-                    x.copy_(mixed)
-            return self._sent_bytes(ctx, index, listening, alive, self.message_bytes)
+                    old = self.trainer.swap(mixed)  # no [n, d] copy back
+                    if batch is not None:  # gradient at the pre-mixing rows, block by block
+                        losses = self.trainer.step(*batch, alive, at=old)
+                    self._mixed = old
+                    return sent_bytes, losses
+                x.copy_(mixed)
+            if batch is not None:
+                raise RuntimeError("a deferred gradient needs the parameters to be the model")
+            return sent_bytes, None
+        if batch is not None:  # the models are untouched until combine: gradient now
+            losses, grads = ctx.peers.gradients(*batch, self.parameters, out=self.trainer.grads)
         received = gather_rows(sent, index)
-        if self.attack is not None and bool(ctx.byzantine.any()):
-            received = byzantine_messages(
-                self.attack, sent, received, index, weights, mask, ctx.byzantine
-            )
+        if inject is not None:
+            received = inject(slice(0, ctx.n), received)
         rows = frozen.nonzero().squeeze(1)
         # messages lost in transit to a live receiver are not gone: the transport retries and
         # they arrive at the next exchange, where the rule's ``late`` decides what they do
@@ -217,7 +290,36 @@ class SynchronousGossip:
         with torch.no_grad():
             for tensor, value in saved:
                 tensor[rows] = value
-        return self._sent_bytes(ctx, index, listening, alive, self.message_bytes)
+        if batch is not None:
+            self.trainer.step_with(grads, alive)
+        return sent_bytes, losses
+
+    def _injection(
+        self, ctx: Context, sent: Tensor, index: Tensor, weights: Tensor, mask: Tensor
+    ) -> Injection | None:
+        """What Byzantine senders put in a chunk of receivers' inboxes (``consensus``'s
+        :func:`~consensus.byzantine_messages` for those receivers), or None without any."""
+        attack = self.attack
+        if attack is None or not bool(ctx.byzantine.any()):
+            return None
+        byzantine = ctx.byzantine
+
+        def inject(receivers: slice, received: Tensor) -> Tensor:
+            nodes = torch.arange(
+                receivers.start, receivers.stop, dtype=torch.long, device=index.device
+            )
+            return byzantine_messages(
+                attack,
+                sent,
+                received,
+                index[receivers],
+                weights[receivers],
+                mask[receivers],
+                byzantine,
+                receivers=nodes,
+            )
+
+        return inject
 
     @staticmethod
     def _sent_bytes(
@@ -230,12 +332,12 @@ class SynchronousGossip:
         return np.where(alive.cpu().numpy(), out_degree * message_bytes, 0).astype(np.float64)
 
     def _streams(self, ctx: Context, sent: Tensor) -> bool:
-        """Whether this exchange can mix chunk by chunk (:func:`sim.engine.gather_mix`): plain
-        D-PSGD state, a stateless rule, no Byzantine messages, a message of the model's dtype."""
+        """Whether this exchange can mix chunk by chunk (:func:`sim.mixing.gather_mix`): plain
+        D-PSGD state, a stateless rule (Byzantine messages or not), a message of the model's
+        dtype."""
         return (
             type(self.algorithm) is DecentralizedSGD
             and not keeps_state(self.algorithm.aggregator)
-            and (self.attack is None or not bool(ctx.byzantine.any()))
             and isinstance(self.state, GossipState)
             and sent.dim() == 2
             and sent.shape == self.state.x.shape
@@ -258,7 +360,61 @@ class SynchronousGossip:
         return np.bincount(senders, weights=per_edge, minlength=ctx.n)
 
     def models(self, ctx: Context) -> Tensor:
+        """The honest peers' models: the parameters themselves when every peer is honest (no
+        ``[n, d]`` copy), else a copy of the honest rows."""
+        if not bool(ctx.byzantine.any()):
+            return self.parameters
         return self.parameters[ctx.honest]
+
+
+#: AD-PSGD pairs per call of the exchange rule (its passes over 2 x 16 rows of 100k
+#: parameters stay in a CPU's cache; on a GPU the whole block is one call)
+_PAIRS_PER_CALL = 16
+
+
+def conflict_free_waves(peers: Sequence[int], partners: Sequence[int], n: int) -> list[list[int]]:
+    """Events in time order, grouped into waves of disjoint pairs that run as one batch each.
+
+    Event e (peer ``peers[e]`` exchanging with ``partners[e]``, −1 for none, nodes in
+    ``0..n-1``) goes to the earliest wave after every earlier event that shares a node with
+    it: ``wave(e) = 1 + max(wave of the last earlier event touching peers[e], ... touching
+    partners[e])``. So no two events of a wave share a node, and events that share one run
+    in their given order. An event reads and writes only its two nodes' rows (and the peer's
+    optimizer state), so events on disjoint nodes commute: running the waves in order, each
+    as one batch, gives exactly the result of running the events one by one in the given
+    order. The number of waves is the longest chain of events that share nodes (about
+    log n per round of n events on a ring or a random graph), not the number of conflicts.
+
+    Returns the positions of the events of each wave, waves in order, positions ascending.
+
+    >>> conflict_free_waves([0, 2, 1, 3], [1, 3, 2, -1], 4)
+    [[0, 1], [2, 3]]
+    """
+    last = [-1] * n
+    waves: list[list[int]] = []
+    for position, (peer, partner) in enumerate(zip(peers, partners, strict=True)):
+        wave = last[peer]
+        if partner >= 0 and last[partner] > wave:
+            wave = last[partner]
+        wave += 1
+        if wave == len(waves):
+            waves.append([])
+        waves[wave].append(position)
+        last[peer] = wave
+        if partner >= 0:
+            last[partner] = wave
+    return waves
+
+
+def _earlier_turns(peers: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """For each event e, how many earlier events (positions < e) have ``peers == nodes[e]``:
+    how many local steps node ``nodes[e]`` has made in this round before event e."""
+    count = peers.shape[0]
+    position = np.arange(count, dtype=np.int64)
+    keys = np.sort(peers * count + position)
+    node = np.where(nodes >= 0, nodes, 0)
+    before = np.searchsorted(keys, node * count + position)
+    return (before - np.searchsorted(keys, node * count)).astype(np.int64)
 
 
 @dataclass
@@ -273,6 +429,16 @@ class AsynchronousGossip:
     the answer. Each side of a pair is charged one message of the codec's real encoded size
     (``compressor.wire_bytes(d)``) in the envelope a peer sends it in
     (``gossip.compression.envelope``); the event timing transfers the payload's size.
+
+    Cost: a round runs its n events as :func:`conflict_free_waves` (O(log n) waves on a ring
+    or a random graph), a block of events per batched call; a call gathers only its peers'
+    and partners' rows, takes the peers' gradients, runs the pairwise rule on them, steps the
+    peers' own optimizers (:class:`sim.optimizers.RowOptimizer`) and writes the rows back:
+    O(n·d) per round, no work over all n rows per wave. Memory: the parameters and the
+    optimizer's per-row state, plus two block-sized buffers. The result is that of the events
+    one by one in time order; each peer trains at local step s on the batch it draws at step
+    s (a networked peer's stream), Adam counts each peer's own steps, and a randomized codec
+    draws in the waves' order from one seeded generator (not a peer's own draws).
 
     Args:
         schedule: its round-0 neighbour table says who may pair with whom.
@@ -309,7 +475,8 @@ class AsynchronousGossip:
         if bool(ctx.byzantine.any()):
             raise ValueError("byzantine: asynchronous gossip runs without Byzantine peers")
         self.parameters = ctx.peers.params  # trained in place
-        self.optimizer = ctx.optimizer.build(self.parameters)
+        # each peer's own optimizer, stepping the rows of a wave only
+        self.optimizer = ctx.optimizer.build_rows(self.parameters)
         self.generator = torch.Generator().manual_seed(ctx.seed + 7)
         self.message_bytes = self.exchange.message_bytes(ctx.peers.dim)
         table = self.schedule.neighbour_table(0)
@@ -323,59 +490,113 @@ class AsynchronousGossip:
             failures=ctx.failures,
             seed=ctx.seed,
         )
-        self.pending: Event | None = None
+        # events per batched call: a block of peers' gradients in flight, as in the
+        # synchronous runner; the wave's rows and gradients live in two reused buffers
+        self.block_rows = ctx.peers.default_block_rows()
+        self.waves = 0
+        d = self.parameters.shape[1]
+        self._rows = self.parameters.new_empty((2 * self.block_rows, d))
+        self._grads = self.parameters.new_empty((self.block_rows, d))
 
     def round(self, ctx: Context) -> RoundReport:
-        start = ctx.time
-        time = start
-        sent = np.zeros(ctx.n)
-        done = 0
-        losses_seen: list[Tensor] = []
-        while done < ctx.n:
-            wave: list[Event] = []
-            busy: set[int] = set()
-            while done + len(wave) < ctx.n:
-                event = self.pending if self.pending is not None else next(self.events)
-                self.pending = None
-                if event.peer in busy or event.partner in busy:
-                    self.pending = event
-                    break
-                wave.append(event)
-                busy.update({event.peer, event.partner} - {-1})
-            done += len(wave)
-            losses_seen.append(self._apply(ctx, wave, sent))
-            time = max(time, wave[-1].time)
-        loss = float(torch.cat(losses_seen).mean()) if losses_seen else float("nan")
-        return RoundReport(max(time - start, 0.0), sent, steps=done, train_loss=loss)
+        """The next n events in time order (each: gradient at the peer's model, exchange with
+        its partner, step), run as :func:`conflict_free_waves` in blocks of peers.
 
-    def _apply(self, ctx: Context, wave: list[Event], sent: np.ndarray) -> Tensor:
-        peers = torch.tensor([e.peer for e in wave], device=ctx.device)
-        x, y = ctx.batch()
-        losses, grads = ctx.peers.gradients(x[peers], y[peers], self.parameters[peers])
-        pairs = torch.tensor(
-            [[e.peer, e.partner] for e in wave if e.partner >= 0], device=ctx.device
-        ).reshape(-1, 2)
-        self.exchange.exchange(self.parameters, pairs, self.generator)
-        full = torch.zeros_like(self.parameters)
-        full[peers] = grads
-        self.parameters.grad = full
-        active = torch.zeros(ctx.n, dtype=torch.bool, device=ctx.device)
-        active[peers] = True
-        masked_step(self.optimizer, self.parameters, active)
-        # what peer-i's envelope weighs now: an AD-PSGD peer's round and step counters both
-        # count its exchanges so far (gradient, exchange, step), as its envelope carries them
-        bodies = launch_envelope_bytes(
-            self.message_bytes,
-            round=ctx.step_count,
-            steps=ctx.step_count,
-            codec=self.exchange.compressor.codec,
+        Peer i's event at its local step s trains on the batch peer i draws at step s
+        (:meth:`Context.batch_indices`), as a networked peer does. The round's simulated time
+        runs to its last event; each side of an exchange is charged one envelope of the
+        codec's payload, with the sender's step counter at that event."""
+        events = list(itertools.islice(self.events, ctx.n))
+        sent = np.zeros(ctx.n)
+        if not events:  # every peer is down for good
+            return RoundReport(0.0, sent)
+        peers = np.array([e.peer for e in events], dtype=np.int64)
+        partners = np.array([e.partner for e in events], dtype=np.int64)
+        steps = np.array([e.step for e in events], dtype=np.int64)
+        batches = ctx.batch_indices(peers, steps)
+        losses = torch.empty(len(events), dtype=self.parameters.dtype, device=ctx.device)
+        waves = conflict_free_waves(peers.tolist(), partners.tolist(), ctx.n)
+        self.waves = len(waves)  # of the last round (the bench prints it)
+        for wave in waves:
+            for start in range(0, len(wave), self.block_rows):
+                chunk = np.asarray(wave[start : start + self.block_rows], dtype=np.int64)
+                losses[torch.from_numpy(chunk).to(ctx.device)] = self._apply(
+                    ctx, peers[chunk], partners[chunk], batches[torch.from_numpy(chunk)]
+                )
+        self._charge(ctx, peers, partners, sent)
+        np.add.at(ctx.step_count, peers, 1)
+        return RoundReport(
+            max(events[-1].time - ctx.time, 0.0),
+            sent,
+            steps=len(events),
+            train_loss=float(losses.mean()),
         )
-        for e in wave:
-            if e.partner >= 0:
-                sent[e.peer] += bodies[e.peer]  # the caller's envelope
-                sent[e.partner] += bodies[e.partner]  # the callee's answer
-        np.add.at(ctx.step_count, peers.cpu().numpy(), 1)
-        return losses
+
+    def _apply(
+        self, ctx: Context, peers: np.ndarray, partners: np.ndarray, batches: Tensor
+    ) -> Tensor:
+        """One batch of disjoint events: gather the rows of the peers and their partners,
+        gradients at the peers' rows, the pairwise exchanges, the peers' optimizer steps,
+        scatter the rows back. Returns the events' losses ``[m]`` in the given order."""
+        paired = partners >= 0
+        order = np.concatenate([np.flatnonzero(paired), np.flatnonzero(~paired)])
+        callers = peers[order]
+        callees = partners[order[: int(paired.sum())]]
+        m, p = callers.shape[0], callees.shape[0]
+        rows = torch.from_numpy(np.concatenate([callers, callees])).to(ctx.device)
+        values = self._rows[: m + p]  # callers' rows first (paired ones, then the rest)
+        torch.index_select(self.parameters, 0, rows, out=values)
+        examples = batches[torch.from_numpy(order)].to(ctx.x_train.device)
+        grads = self._grads[:m]
+        losses, _ = ctx.peers.gradients(
+            ctx.x_train[examples], ctx.y_train[examples], values[:m], block_rows=m, out=grads
+        )
+        # caller i's row is values[i], its callee's values[m + i]; on a CPU a few pairs per
+        # call, so that the rule's passes over them stay in cache
+        per_call = _PAIRS_PER_CALL if values.device.type == "cpu" else max(p, 1)
+        for first in range(0, p, per_call):
+            last = min(first + per_call, p)
+            self.exchange.exchange_rows(
+                values[first:last], values[m + first : m + last], self.generator
+            )
+        self.optimizer.step(rows[:m], values[:m], grads)
+        with torch.no_grad():
+            if values.device.type == "cpu":  # row by row beats index_copy_ for long rows
+                for position, row in enumerate(np.concatenate([callers, callees]).tolist()):
+                    self.parameters[row].copy_(values[position])
+            else:  # one kernel
+                self.parameters.index_copy_(0, rows, values)
+        in_order = torch.empty_like(losses)
+        in_order[torch.from_numpy(order).to(losses.device)] = losses
+        return in_order
+
+    def _charge(
+        self, ctx: Context, peers: np.ndarray, partners: np.ndarray, sent: np.ndarray
+    ) -> None:
+        """Each side of each exchange sends one envelope (the caller's message, the callee's
+        answer) whose header carries the sender's step counter at that event: its count at
+        the round's start plus its steps earlier in the round (an AD-PSGD peer's round and
+        step counters both count its exchanges so far)."""
+        paired = partners >= 0
+        if not bool(paired.any()):
+            return
+        callers, callees = peers[paired], partners[paired]
+        caller_turn = _earlier_turns(peers, peers)[paired]
+        callee_turn = _earlier_turns(peers, partners)[paired]
+        turns = int(max(caller_turn.max(), callee_turn.max())) + 1
+        bodies = np.stack(
+            [
+                launch_envelope_bytes(
+                    self.message_bytes,
+                    round=ctx.step_count + turn,
+                    steps=ctx.step_count + turn,
+                    codec=self.exchange.compressor.codec,
+                )
+                for turn in range(turns)
+            ]
+        )
+        np.add.at(sent, callers, bodies[caller_turn, callers])
+        np.add.at(sent, callees, bodies[callee_turn, callees])
 
     def models(self, ctx: Context) -> Tensor:
         return self.parameters

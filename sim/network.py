@@ -325,29 +325,58 @@ def asynchronous_gossip_events(
         raise ValueError(f"total_steps: must be >= 0, got {total_steps}")
     n = compute.n
     rng = np.random.default_rng((seed, 2))
-    first = compute.sample(0)
+    index, mask = np.asarray(index), np.asarray(mask, dtype=bool)
+    # per peer, its candidates and the round trip to each, computed once (the same
+    # elementwise arithmetic as one link at a time): an event costs O(1), not O(n)
+    rows = np.broadcast_to(np.arange(n)[:, None], index.shape)
+    round_trip = 2 * links.transfer_time(rows, index, size)
+    slots = [np.flatnonzero(mask[i]) for i in range(n)]
+    candidates = [index[i][slots[i]].tolist() for i in range(n)]
+    trips = [round_trip[i][slots[i]].tolist() for i in range(n)]
+    crashes = failures is not None and bool(failures.crashes)
+    step_times = _StepTimes(compute)
+    first = step_times.get(0)
     queue: list[tuple[float, int, int]] = [(float(first[i]), i, 0) for i in range(n)]
     heapq.heapify(queue)
     emitted = 0
     while emitted < total_steps and queue:
         time, peer, step = heapq.heappop(queue)
-        if failures is not None and not failures.alive(time)[peer]:
+        if crashes and failures is not None and not failures.alive(time)[peer]:
             rejoin = [c.rejoin for c in failures.crashes if c.peer == peer and c.rejoin is not None]
             later = [r for r in rejoin if r > time]
             if later:
                 heapq.heappush(queue, (min(later), peer, step))
             continue
-        choices = index[peer][mask[peer]]
+        choices = candidates[peer]
         partner = -1
         exchange = 0.0
-        if choices.size:
-            candidate = int(choices[rng.integers(choices.size)])
-            if failures is None or failures.alive(time)[candidate]:
+        if choices:
+            slot = int(rng.integers(len(choices)))
+            candidate = choices[slot]
+            if not crashes or failures is None or failures.alive(time)[candidate]:
                 partner = candidate
-                exchange = 2 * float(
-                    links.transfer_time(np.array([peer]), np.array([partner]), size)[0]
-                )
+                exchange = trips[peer][slot]
         yield Event(time, peer, step, partner)
         emitted += 1
-        next_compute = float(compute.sample(step + 1, np.array([peer]))[0])
+        next_compute = float(step_times.get(step + 1)[peer])
         heapq.heappush(queue, (time + exchange + next_compute, peer, step + 1))
+
+
+class _StepTimes:
+    """``compute.sample(step)`` for all peers, kept for the last few steps asked for: the
+    peers of an asynchronous run are at nearby steps, and one draw of ``[n]`` per step
+    replaces one per event (the values are the same: step t's draw is seeded by (seed, t))."""
+
+    def __init__(self, compute: ComputeModel, keep: int = 64) -> None:
+        self.compute = compute
+        self.keep = keep
+        self.cache: dict[int, np.ndarray] = {}
+
+    def get(self, step: int) -> np.ndarray:
+        times = self.cache.get(step)
+        if times is None:
+            times = self.compute.sample(step)
+            self.cache[step] = times
+            if len(self.cache) > self.keep:
+                del self.cache[min(self.cache)]
+        return times

@@ -6,7 +6,8 @@ per-peer optimizers (``tests/sim`` checks against :class:`sim.reference.Referenc
 ``nn.Module`` and optimizer per peer). :func:`masked_step` steps only the active rows (a
 crashed or busy peer does not step); :class:`BlockedOptimizer` runs gradient then step for one
 block of peers at a time, while the block is in cache, with the same result as one optimizer
-over all rows.
+over all rows. :class:`RowOptimizer` steps chosen rows only, each with its own state, at a cost
+proportional to those rows (AD-PSGD's events, where a few peers step at a time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.optim.adam import adam as adam_update
+from torch.optim.sgd import sgd as sgd_update
 
 from sim.batched import BatchedPeers
 
@@ -38,12 +41,7 @@ def build_optimizer(
     coordinate from that coordinate's own state, so one optimizer over the stacked rows is
     exactly n independent per-peer optimizers (tested against the per-peer reference).
     """
-    if lr <= 0 or not math.isfinite(lr):
-        raise ValueError(f"lr: learning rate must be a finite number > 0, got {lr}")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"momentum: must be in [0, 1), got {momentum}")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
+    _check_hyperparameters(lr, momentum, weight_decay)
     if name == "sgd":
         return _fused_if_supported(
             torch.optim.SGD,
@@ -58,6 +56,164 @@ def build_optimizer(
             torch.optim.Adam, params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
     raise ValueError(f"optimizer: must be one of 'sgd', 'adam', got {name!r}")
+
+
+def _check_hyperparameters(lr: float, momentum: float, weight_decay: float) -> None:
+    if lr <= 0 or not math.isfinite(lr):
+        raise ValueError(f"lr: learning rate must be a finite number > 0, got {lr}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum: must be in [0, 1), got {momentum}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+class RowOptimizer:
+    """n per-peer optimizers over a stacked ``[n, d]`` leaf, stepping only the rows given.
+
+    ``step(rows, values, grads)`` is, for each i, one step of peer ``rows[i]``'s own optimizer
+    on its parameters ``values[i]`` (a row the caller gathered) with gradient ``grads[i]``:
+    torch's own update (``torch.optim.sgd.sgd`` / ``torch.optim.adam.adam``, the functional
+    form of ``torch.optim.SGD`` / ``Adam``, fused where this torch has the kernel) over the
+    m rows, each row a parameter of its own whose state is a row view of the ``[n, d]``
+    state. The other peers' state is neither read nor written, so a step of m rows costs
+    O(m·d) whatever n is (AD-PSGD's events, a few peers at a time).
+
+    - ``sgd`` (momentum: Polyak 1964; Nesterov as in Sutskever et al., ICML 2013):
+      ``b <- μ b + g``, ``x <- x − η b`` (Nesterov: ``x − η (g + μ b)``), g including
+      ``weight_decay · x``. A row that never stepped has ``b = 0``, so its first step takes
+      ``b = g`` exactly, as ``torch.optim.SGD``'s first step does.
+    - ``adam`` (Kingma & Ba, ICLR 2015), with ``t`` the row's OWN step count: each peer's
+      bias correction counts its own steps, as on a networked peer (one torch Adam over all
+      rows would share one count between all rows).
+
+    State (``momentum_buffer``; Adam's ``exp_avg``, ``exp_avg_sq`` and ``step [n]``) is one
+    ``[n, d]`` tensor per kind, allocated at the first step. Per peer, equal to a torch
+    optimizer of that peer alone (``tests/sim/test_row_optimizer.py``).
+
+    Args:
+        shape: ``(n, d)`` of the stacked leaf.
+        name: ``"sgd"`` or ``"adam"``.
+        lr, momentum, weight_decay, nesterov: as :func:`build_optimizer`.
+        betas, eps: Adam's.
+        dtype, device: of the state (the leaf's).
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, int],
+        name: str = "sgd",
+        *,
+        lr: float = 0.1,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        _check_hyperparameters(lr, momentum, weight_decay)
+        if name not in OPTIMIZERS:
+            raise ValueError(f"optimizer: must be one of 'sgd', 'adam', got {name!r}")
+        if name == "sgd" and nesterov and momentum == 0:
+            raise ValueError("nesterov: Nesterov momentum needs momentum > 0, got momentum 0")
+        if not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"betas: each must be in [0, 1), got {betas}")
+        if len(shape) != 2 or min(shape) < 1:
+            raise ValueError(f"shape: must be (n, d) with n, d >= 1, got {tuple(shape)}")
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.name = name
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.nesterov = nesterov
+        self.betas, self.eps = betas, eps
+        self.dtype, self.device = dtype, torch.device(device)
+        self.state: dict[str, Tensor] = {}
+        self.fused: bool | None = None  # decided at the first step
+
+    def _state(self, key: str, shape: tuple[int, ...]) -> Tensor:
+        if key not in self.state:
+            self.state[key] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return self.state[key]
+
+    @torch.no_grad()
+    def step(self, rows: Tensor, values: Tensor, grads: Tensor) -> Tensor:
+        """One step of peers ``rows [m]`` (distinct), in place on their parameters
+        ``values [m, d]`` with gradients ``grads [m, d]``; returns ``values``."""
+        m = rows.shape[0]
+        if rows.dim() != 1 or values.shape != (m, self.shape[1]) or grads.shape != values.shape:
+            raise ValueError(
+                f"rows, values, grads: need [m], [m, {self.shape[1]}] and [m, {self.shape[1]}], "
+                f"got {tuple(rows.shape)}, {tuple(values.shape)} and {tuple(grads.shape)}"
+            )
+        if m == 0:
+            return values
+        peers = rows.tolist()
+        params, gradients = list(values.unbind(0)), list(grads.unbind(0))
+        if self.fused is None:  # torch's choice for this device and dtype, as build_optimizer
+            self.fused = True
+            try:
+                self._update(params[:1], gradients[:1], peers[:1], probe=True)
+            except (RuntimeError, TypeError, ValueError):
+                self.fused = False
+        self._update(params, gradients, peers)
+        return values
+
+    def _update(
+        self, params: list[Tensor], grads: list[Tensor], peers: list[int], probe: bool = False
+    ) -> None:
+        """torch's functional update over one parameter per row (``probe``: on copies, to
+        learn whether the fused kernel runs here)."""
+        options = {"fused": True} if self.fused else {"foreach": False}
+        if self.name == "sgd":
+            buffers: list[Tensor | None] = [None] * len(peers)
+            if self.momentum != 0:
+                state = self._state("momentum_buffer", self.shape)
+                buffers = [state[peer] for peer in peers]
+            if probe:
+                params = [p.clone() for p in params]
+                buffers = [None if b is None else b.clone() for b in buffers]
+            sgd_update(
+                params,
+                grads,
+                buffers,
+                weight_decay=self.weight_decay,
+                momentum=self.momentum,
+                lr=self.lr,
+                dampening=0.0,
+                nesterov=self.nesterov,
+                maximize=False,
+                **options,  # type: ignore[arg-type]
+            )
+            return
+        exp_avg = self._state("exp_avg", self.shape)
+        exp_avg_sq = self._state("exp_avg_sq", self.shape)
+        counts = self._state("step", (self.shape[0],))
+        first = [exp_avg[peer] for peer in peers]
+        second = [exp_avg_sq[peer] for peer in peers]
+        steps = [counts[peer] for peer in peers]
+        if probe:
+            params = [p.clone() for p in params]
+            first, second = [t.clone() for t in first], [t.clone() for t in second]
+            steps = [t.clone() for t in steps]
+        adam_update(
+            params,
+            grads,
+            first,
+            second,
+            [],
+            steps,
+            amsgrad=False,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            eps=self.eps,
+            maximize=False,
+            **options,  # type: ignore[arg-type]
+        )
 
 
 def _fused_if_supported(
@@ -147,30 +303,56 @@ class BlockedOptimizer:
             for start in range(0, params.shape[0], self.block_rows)
         ]
         self.optimizers = [build(block) for block in self.blocks]
-        self.grads = torch.empty_like(params)  # reused every step: no fresh pages
+        self._grads: Tensor | None = None
+        # one block's gradients, reused by every block and step (no [n, d] buffer for them)
+        self._block_grads = params.new_empty(
+            (min(self.block_rows, params.shape[0]), params.shape[1])
+        )
 
-    def step(self, x: Tensor, y: Tensor, active: Tensor | None = None) -> Tensor:
+    @property
+    def grads(self) -> Tensor:
+        """An ``[n, d]`` gradient buffer reused every step, allocated on first use (only a
+        plan that keeps all gradients across an exchange needs it: :meth:`step` does not)."""
+        if self._grads is None or self._grads.shape != self.params.shape:
+            self._grads = torch.empty_like(self.params)
+        return self._grads
+
+    def step(
+        self, x: Tensor, y: Tensor, active: Tensor | None = None, *, at: Tensor | None = None
+    ) -> Tensor:
         """One local step of every peer on its batch ``x [n, B, ...]``, ``y [n, B]`` (rows
-        where ``active [n]`` is False keep their parameters and state); returns losses ``[n]``."""
+        where ``active [n]`` is False keep their parameters and state); returns losses ``[n]``.
+
+        ``at [n, d]``: take each block's gradients at these rows instead of the parameters
+        and step the parameters with them: combine-then-adapt's ``x <- mix(x) − η ∇f(x)``
+        with the mixed models already in the parameters and the pre-mixing ones in ``at``
+        (one block of gradients in flight instead of an ``[n, d]`` buffer of them)."""
         n = self.params.shape[0]
         if x.shape[0] != n or y.shape[0] != n:
             raise ValueError(
                 f"x, y: leading dimension must be the number of peers {n}, "
                 f"got {tuple(x.shape)} and {tuple(y.shape)}"
             )
+        if at is not None and at.shape != self.params.shape:
+            raise ValueError(
+                f"at: must have the parameters' shape {tuple(self.params.shape)}, "
+                f"got {tuple(at.shape)}"
+            )
         losses = torch.empty(n, dtype=self.params.dtype, device=self.params.device)
         for index, (block, optimizer) in enumerate(zip(self.blocks, self.optimizers)):
             rows = slice(index * self.block_rows, index * self.block_rows + block.shape[0])
+            grads = self._block_grads[: block.shape[0]]
             if active is not None and not bool(active[rows].any()):
                 # no gradient for an all-idle block, but its optimizer still steps (and
                 # restores every row) so that shared scalar state (Adam's step count)
                 # advances exactly as in one optimizer over all rows
-                block.grad = self.grads[rows].zero_()
+                block.grad = grads.zero_()
                 masked_step(optimizer, block, active[rows])
                 block.grad = None
                 continue
+            source = block if at is None else at[rows]
             loss, block.grad = self.peers.gradients(
-                x[rows], y[rows], block, block_rows=block.shape[0], out=self.grads[rows]
+                x[rows], y[rows], source, block_rows=block.shape[0], out=grads
             )
             masked_step(optimizer, block, None if active is None else active[rows])
             block.grad = None

@@ -154,3 +154,32 @@ def test_bytes_and_time_follow_the_network_model() -> None:
     records = run(ParameterServer(shards=2), ctx, evaluation, rounds=3, eval_every=3)
     assert records[-1].bytes_busiest == pytest.approx(3 * 4 * model_bytes / 2)
     assert np.isfinite(records[-1].time)
+
+
+def test_fedavg_computes_the_sampled_clients_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one local step, the new model is Σ_i (n_i/Σ n) (x − η ∇f_i(x)) over the sampled
+    live clients, each on its own rows of the step's batch; gradients are asked for those
+    clients' rows only."""
+    n, lr = 8, 0.1
+    ctx, _ = make_context(n, optimizer=OptimizerConfig(lr=lr))
+    rows_asked: list[int] = []
+    original = ctx.peers.gradients
+
+    def counting(x, y, params=None, **kwargs):  # type: ignore[no-untyped-def]
+        rows_asked.append(int(params.shape[0]))
+        return original(x, y, params, **kwargs)
+
+    monkeypatch.setattr(ctx.peers, "gradients", counting)
+    algorithm = FedAvg(local_steps=1, fraction=0.25)
+    algorithm.setup(ctx)
+    start = algorithm.model.clone()
+    algorithm.round(ctx)
+    assert rows_asked == [2]
+    chosen = np.flatnonzero(ctx.step_count)
+    assert len(chosen) == 2
+    index = ctx.sampler.indices(0)[torch.from_numpy(chosen)]
+    _, grads = original(ctx.x_train[index], ctx.y_train[index], start.expand(2, -1).contiguous())
+    sizes = ctx.sampler.sizes[torch.from_numpy(chosen)].float()
+    expected = ((sizes / sizes.sum()).unsqueeze(1) * (start - lr * grads)).sum(0, keepdim=True)
+    torch.testing.assert_close(algorithm.model, expected, atol=1e-6, rtol=1e-6)
+    assert (algorithm.model - start).abs().max() > 1e-3

@@ -341,11 +341,11 @@ def test_gather_mix_of_a_non_finite_vector_keeps_the_rule_semantics() -> None:
     torch.testing.assert_close(mixed[2], values[2] * 2 / 3 + values[3] / 3)
 
 
-def test_sparse_mix_in_column_chunks_equals_one_product_and_finds_a_late_nan(
+def test_sparse_mix_in_row_blocks_equals_one_product_and_finds_a_late_nan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The product runs chunk by chunk (here 4 chunks of 256 columns): the same result as one
-    product over all columns, and a NaN or Inf in the last chunk still falls back."""
+    """The product runs block by block of receivers (here one per block): the same result as
+    one product over all rows, and a NaN or Inf in the last block still falls back."""
     import sim.mixing as mixing
 
     n, k, d = 6, 2, 1000
@@ -357,13 +357,13 @@ def test_sparse_mix_in_column_chunks_equals_one_product_and_finds_a_late_nan(
         values,
         beta=0,
     )
-    monkeypatch.setattr(mixing, "_MIX_CHUNK_BYTES", 1)  # the 256-column floor
+    monkeypatch.setattr(mixing, "_MIX_CHUNK_BYTES", 1)  # one receiver per block
     mixed = mixing.sparse_mix(values, index, weight, mask)
     assert mixed is not None
     torch.testing.assert_close(mixed, whole, rtol=0, atol=0)
     for bad in (float("nan"), float("inf")):
         poisoned = values.clone()
-        poisoned[3, 900] = bad
+        poisoned[n - 1, 900] = bad  # the last receiver's own vector (self weight > 0)
         assert mixing.sparse_mix(poisoned, index, weight, mask) is None
     # finite values whose chunk sums overflow: the exact check clears them
     huge = torch.full((n, d), 1e308, dtype=torch.float64)

@@ -225,3 +225,149 @@ def test_chunked_exchange_equals_the_algorithms_own_combine(
     generic, generic_bytes = trained(False)
     torch.testing.assert_close(fast, generic, rtol=0, atol=1e-6)
     assert fast_bytes == generic_bytes
+
+
+def _byzantine_run(
+    rule: str, attack: str, *, streams: bool, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[torch.Tensor, list[dict]]:
+    import sim.gossip_runner as runner
+
+    n = 12
+    failures = Failures(n, message_loss=0.2, seed=5, crashes=(Crash(peer=1, at=0.02),))
+    ctx, evaluation = make_context(n, failures=failures, byzantine=3)
+    gossip = SynchronousGossip(
+        DecentralizedSGD(aggregator=consensus.build(rule)),
+        static("random-regular", n, degree=6, seed=2),
+        attack=consensus.build_attack(attack),
+    )
+    original = SynchronousGossip._streams
+    monkeypatch.setattr(
+        SynchronousGossip, "_streams", lambda self, c, s: original(self, c, s) and streams
+    )
+    monkeypatch.setattr(runner, "rows_for_budget", lambda *args, **kwargs: chunk)
+    records = run(gossip, ctx, evaluation, rounds=5, eval_every=5)
+    return gossip.parameters.clone(), [r.as_dict() for r in records]
+
+
+@pytest.mark.parametrize("attack", ["sign-flip", "alie", "dissensus", "mimic", "ipm"])
+@pytest.mark.parametrize("rule", ["mean", "trimmed-mean:b=2"])
+def test_byzantine_messages_stream_chunk_by_chunk_like_the_whole_inbox(
+    rule: str, attack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Byzantine messages injected into 5 receivers' inboxes at a time give the models of the
+    whole [n, k, d] inbox and ``algorithm.combine`` (omniscient attacks see each receiver's
+    own view either way), with message loss, a crash and frozen receivers."""
+    streamed, streamed_records = _byzantine_run(
+        rule, attack, streams=True, chunk=5, monkeypatch=monkeypatch
+    )
+    whole, whole_records = _byzantine_run(
+        rule, attack, streams=False, chunk=5, monkeypatch=monkeypatch
+    )
+    torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
+    np.testing.assert_equal(streamed_records, whole_records)
+
+
+def test_byzantine_messages_for_a_chunk_of_receivers_equal_one_call_over_all() -> None:
+    n, k, d = 9, 4, 6
+    generator = torch.Generator().manual_seed(0)
+    sent = torch.randn(n, d, generator=generator)
+    index = torch.stack([torch.randperm(n, generator=generator)[:k] for _ in range(n)])
+    weights = torch.full((n, k), 1 / (k + 1))
+    mask = torch.rand(n, k, generator=generator) > 0.2
+    byzantine = torch.zeros(n, dtype=torch.bool)
+    byzantine[[2, 5]] = True
+    attack = consensus.build_attack("alie")
+    whole = consensus.byzantine_messages(attack, sent, sent[index], index, weights, mask, byzantine)
+    for start in range(0, n, 4):
+        rows = slice(start, min(start + 4, n))
+        part = consensus.byzantine_messages(
+            attack,
+            sent,
+            sent[index[rows]],
+            index[rows],
+            weights[rows],
+            mask[rows],
+            byzantine,
+            receivers=torch.arange(rows.start, rows.stop),
+        )
+        torch.testing.assert_close(part, whole[rows], rtol=0, atol=0)
+    assert not torch.equal(whole, sent[index])
+    with pytest.raises(ValueError, match="receivers must be an integer tensor of shape"):
+        consensus.byzantine_messages(
+            attack,
+            sent,
+            sent[index[:3]],
+            index[:3],
+            weights[:3],
+            mask[:3],
+            byzantine,
+            receivers=torch.arange(4),
+        )
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_combine_then_adapt_gradient_inside_the_exchange_changes_no_bit(
+    optimizer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D-PSGD's combine-then-adapt takes each block's gradients at the pre-mixing models
+    after mixing (one block of gradients in flight): the same models and records, bit for
+    bit, as all gradients first and the step after the exchange."""
+    from sim.algorithms import OptimizerConfig
+
+    def trained(defer: bool) -> tuple[torch.Tensor, list[dict]]:
+        n = 10
+        failures = Failures(n, message_loss=0.3, seed=3, crashes=(Crash(peer=4, at=0.02),))
+        config = OptimizerConfig(name=optimizer, lr=0.05, momentum=0.9 * (optimizer == "sgd"))
+        ctx, evaluation = make_context(n, failures=failures, optimizer=config)
+        gossip = SynchronousGossip(DecentralizedSGD(), static("ring", n))
+        monkeypatch.setattr(
+            SynchronousGossip, "_defers_gradient", lambda self: defer and self.state is not None
+        )
+        records = run(gossip, ctx, evaluation, rounds=6, eval_every=3)
+        return gossip.parameters.clone(), [r.as_dict() for r in records]
+
+    deferred, deferred_records = trained(True)
+    direct, direct_records = trained(False)
+    assert torch.equal(deferred, direct)
+    np.testing.assert_equal(deferred_records, direct_records)
+
+
+def test_models_of_an_all_honest_run_are_the_parameters_themselves() -> None:
+    ctx, evaluation = make_context(4)
+    gossip = SynchronousGossip(DecentralizedSGD(), static("ring", 4))
+    run(gossip, ctx, evaluation, rounds=1)
+    assert gossip.models(ctx) is gossip.parameters
+    ctx, evaluation = make_context(4, byzantine=1)
+    gossip = SynchronousGossip(DecentralizedSGD(), static("complete", 4))
+    run(gossip, ctx, evaluation, rounds=1)
+    assert gossip.models(ctx).shape[0] == 3
+
+
+def test_a_byzantine_leaf_too_small_for_the_rule_keeps_its_model_and_honest_peers_run() -> None:
+    """Only honest receivers must meet the rule's bound: a Byzantine leaf with one neighbour
+    (n = 2 < 3 for ``trimmed-mean:b=1``) does not stop the run; it never aggregates, so it
+    ends where local SGD alone takes it, and the same graph with that peer honest is refused."""
+    import networkx as nx
+
+    graph = nx.complete_graph(5)
+    graph.add_edge(0, 5)
+    schedule = topologies.Static(topologies.mixing_matrix(graph))
+
+    def gossip() -> SynchronousGossip:
+        rule = consensus.build("trimmed-mean:b=1")
+        return SynchronousGossip(
+            DecentralizedSGD(aggregator=rule), schedule, attack=consensus.build_attack("alie")
+        )
+
+    ctx, evaluation = make_context(6, byzantine=1)  # peer 5
+    algorithm = gossip()
+    records = run(algorithm, ctx, evaluation, rounds=4, eval_every=4)
+    assert np.isfinite(records[-1].test_loss)
+    alone, _ = make_context(6)
+    solo = SynchronousGossip(DecentralizedSGD(), topologies.Static(np.eye(6)))
+    run(solo, alone, evaluation, rounds=4, eval_every=4)
+    torch.testing.assert_close(algorithm.parameters[5], solo.parameters[5], rtol=0, atol=1e-6)
+    assert (algorithm.parameters[0] - solo.parameters[0]).abs().max() > 1e-3
+    ctx, evaluation = make_context(6)
+    with pytest.raises(ValueError, match=r"aggregator: .*smallest neighbourhood has n = 2"):
+        run(gossip(), ctx, evaluation, rounds=1)
