@@ -278,6 +278,8 @@ class StreamReader:
             key = await self._item(depth + 1)
             if not isinstance(key, str | bytes):
                 raise MalformedBody(f"msgpack map keys must be strings, got {type(key).__name__}")
+            if key in out:
+                raise MalformedBody(f"duplicate msgpack map key {key[:64]!r}")
             out[key] = await self._item(depth + 1)
         return out
 

@@ -128,6 +128,7 @@ def _address(view: memoryview) -> int:
         (b"\xc6\x00\x10\x00\x00" + b"\x00" * 100, "past the body's end"),
         (b"\x91" * (MAX_DEPTH + 1) + b"\x00", "deeper"),
         (b"\xa2\xff\xfe", "UTF-8"),
+        (b"\x82\xa1v\x01\xa1v\x02", "duplicate"),
     ],
 )
 def test_hostile_bodies_are_typed_errors(body: bytes, match: str) -> None:
