@@ -1,11 +1,24 @@
-"""Outgoing calls to other peers: signed, timed out, size-capped, responses validated.
+"""Outgoing calls to other peers: signed for their receiver, timed out, size-capped, and every
+answer decoded strictly.
 
-Every call has a total timeout. A neighbour that cannot be reached, times out or
-answers 5xx raises :class:`PeerUnavailable`; one that refuses our request with a
-4xx raises :class:`RemoteRefused` (its JSON error code and detail attached).
-Both count as a failed call for membership. A response that is too large,
-unsigned (when the swarm has a secret) or malformed raises the same typed
-:class:`~peer.errors.ProtocolError` the server would answer with.
+Every call has a total timeout and follows no redirect. A neighbour that cannot be reached,
+times out, breaks the HTTP framing or answers 5xx raises :class:`PeerUnavailable`; one that
+refuses our request with a 4xx raises :class:`RemoteRefused` (its JSON error code and
+detail attached, bounded and printable; an error body that is not the documented JSON
+becomes code ``unknown``). Both count as a failed call for membership. Any other answer is
+decoded by the strict decoders and nothing else (:func:`peer.strict_json.loads` for JSON,
+:func:`peer.body.read_envelope_object` and :func:`peer.wire.check_envelope` for envelopes):
+a response that is too large, unsigned or wrongly signed (when the swarm has a secret),
+malformed, of another protocol version or from another peer than the one called raises the
+same typed :class:`~peer.errors.ProtocolError` the server would answer with. These three
+are the only exceptions a call raises for anything a neighbour sends.
+
+With a swarm secret, a request is signed for its receiver's peer id (``peer.auth``: the
+signed text names it, so nobody else accepts it). Callers that know the member they call
+pass its id (``receiver=``); for a bare address (a bootstrap join) the client first asks
+the open ``GET /v1/status`` which peer listens there, decoded as strictly. A neighbour that
+lies there only gets our request refused by the real peer; the answer must then come from
+the peer we signed for (:class:`~peer.errors.UnknownPeer` otherwise).
 """
 
 from __future__ import annotations
@@ -14,7 +27,7 @@ import asyncio
 import json
 import secrets
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import aiohttp
@@ -22,15 +35,24 @@ import torch
 
 from peer.auth import (
     body_key,
-    request_nonce,
     sign_request,
     sign_stream_request,
     verify_response,
 )
 from peer.body import MSGPACK, EnvelopeBody, read_envelope_object
-from peer.errors import BodyTooLarge, MalformedBody, Unauthorized
-from peer.server import MAX_JSON_BYTES
-from peer.wire import Envelope, check_envelope, envelope_object
+from peer.errors import BodyTooLarge, MalformedBody, ProtocolError, Unauthorized, UnknownPeer
+from peer.membership import MAX_VIEW_ENTRIES
+from peer.strict_json import expect_object, loads
+from peer.wire import Envelope, check_envelope, check_sender, check_version, envelope_object
+
+MAX_JSON_BYTES = 1 << 20
+"""Cap on a JSON answer (a view, a status, an error body): the server's cap on JSON bodies."""
+MAX_DETAIL_CHARS = 500
+"""Longest refusal detail kept from a neighbour's error body (the rest is cut)."""
+_CODE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+"""What aiohttp raises for an unreachable, slow or broken neighbour (HTTP framing errors
+included: aiohttp reports them as ``ClientResponseError``/``ClientPayloadError``)."""
 
 
 class PeerUnavailable(Exception):
@@ -63,6 +85,10 @@ class PeerClient:
         ssl_context: client TLS context; when given, peers are called over ``https``.
         on_bytes: called as ``on_bytes("out", n)`` / ``on_bytes("in", n)`` with the body
             bytes of every request sent and response read (traffic accounting).
+
+    Every call takes ``receiver``, the id of the peer at ``address``: the request is signed
+    for it and its answer must come from it. Leave it out only when the id is unknown (a
+    bare address): with a secret, the call then costs one ``GET /v1/status`` more.
     """
 
     def __init__(
@@ -101,6 +127,35 @@ class PeerClient:
             await self._session.close()
             self._session = None
 
+    # ------------------------------------------------------------------ who is there
+
+    async def peer_id(self, address: str) -> str:
+        """``GET /v1/status`` (open, unsigned): the id of the peer listening at ``address``.
+
+        Decoded strictly: a JSON object whose ``v`` is this protocol version and whose
+        ``id`` is a peer id (other fields are not read). Nothing here is trusted beyond
+        naming whom to sign for: a wrong id only gets our request refused by the real peer.
+        """
+        status, data, _ = await self._send("GET", address, "/v1/status", b"", {}, MAX_JSON_BYTES)
+        if status >= 300:
+            _raise_refusal(address, status, data)
+        what = f"status of {address}"
+        obj = loads(data, what=what, max_bytes=MAX_JSON_BYTES)
+        if not isinstance(obj, dict) or "v" not in obj or "id" not in obj:
+            raise MalformedBody(f"{what} must be a JSON object with v and id")
+        check_version(obj["v"], field_name=f"{what}: v")
+        return check_sender(obj["id"], field_name=f"{what}: id")
+
+    async def _receiver(self, address: str, receiver: str | None) -> str | None:
+        """Whom to sign for: ``receiver``, or (with a secret) the id ``address`` names."""
+        if receiver is not None:
+            return check_sender(receiver, field_name="receiver")
+        if self.secret is None:
+            return None
+        return await self.peer_id(address)
+
+    # ------------------------------------------------------------------ JSON calls
+
     async def request(
         self,
         method: str,
@@ -108,57 +163,111 @@ class PeerClient:
         path: str,
         body: bytes = b"",
         *,
+        receiver: str | None = None,
         content_type: str = MSGPACK,
         max_body_bytes: int | None = None,
     ) -> bytes:
-        """Send one signed request; return the verified response body of a 2xx."""
+        """Send one digest-signed request to ``receiver`` at ``address``; return the verified
+        body of a 2xx answer (:class:`RemoteRefused` or :class:`PeerUnavailable` otherwise)."""
         cap = self.max_body_bytes if max_body_bytes is None else max_body_bytes
         headers = {"Content-Type": content_type} if body else {}
         nonce = None
         if self.secret is not None:
-            signed = sign_request(self.secret, method, path, body)
-            nonce = request_nonce(signed)
-            headers.update(signed)
-        url = f"{self.scheme}://{address}{path}"
-        try:
-            async with self._get_session().request(
-                method, url, data=body or None, headers=headers
-            ) as response:
-                data = await _read_capped(response, cap)
-                status = response.status
-                response_headers = response.headers
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
-            raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
+            to = await self._receiver(address, receiver)
+            assert to is not None  # a secret always resolves the receiver
+            nonce = secrets.token_hex(16)
+            headers.update(sign_request(self.secret, method, path, body, receiver=to, nonce=nonce))
+        status, data, response_headers = await self._send(method, address, path, body, headers, cap)
         if self.on_bytes is not None:
             self.on_bytes("out", len(body))
             self.on_bytes("in", len(data))
-        if status >= 400:
+        if status >= 300:
             _raise_refusal(address, status, data)
         if self.secret is not None and nonce is not None:
             verify_response(self.secret, status, nonce, data, response_headers)
         return data
+
+    async def _send(
+        self,
+        method: str,
+        address: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        cap: int,
+    ) -> tuple[int, bytes, Any]:
+        """One HTTP round trip: ``(status, body of at most cap bytes, headers)``."""
+        url = f"{self.scheme}://{address}{path}"
+        try:
+            async with self._get_session().request(
+                method, url, data=body or None, headers=headers, allow_redirects=False
+            ) as response:
+                status = response.status
+                data = await _read_capped(response, cap if status < 300 else MAX_JSON_BYTES)
+                return status, data, response.headers
+        except _NETWORK_ERRORS as error:
+            raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
+
+    async def join(
+        self,
+        address: str,
+        peer_id: str,
+        own_address: str | None,
+        *,
+        receiver: str | None = None,
+    ) -> dict[str, Any]:
+        """``POST /v1/join``: announce ourselves; returns ``{"v", "id", "peers"}``, checked
+        (:func:`check_view`: the entries of ``peers`` are the membership's to validate)."""
+        to = await self._receiver(address, receiver)
+        body = json.dumps({"id": peer_id, "address": own_address}).encode()
+        data = await self.request(
+            "POST",
+            address,
+            "/v1/join",
+            body,
+            receiver=to,
+            content_type="application/json",
+            max_body_bytes=MAX_JSON_BYTES,
+        )
+        return check_view(data, what=f"join answer of {address}", receiver=to)
+
+    async def peers(self, address: str, *, receiver: str | None = None) -> dict[str, Any]:
+        """``GET /v1/peers``: the neighbour's membership view, checked (:func:`check_view`)."""
+        to = await self._receiver(address, receiver)
+        data = await self.request(
+            "GET", address, "/v1/peers", receiver=to, max_body_bytes=MAX_JSON_BYTES
+        )
+        return check_view(data, what=f"membership view of {address}", receiver=to)
+
+    # ------------------------------------------------------------------ envelope calls
 
     async def exchange(
         self,
         address: str,
         envelope: Envelope,
         *,
-        codecs: set[str] | frozenset[str] | Any,
+        codecs: Collection[str],
+        receiver: str | None = None,
         arena: torch.Tensor | None = None,
     ) -> Envelope:
-        """``POST /v1/exchange``: send our envelope, return the neighbour's (frame validated).
+        """``POST /v1/exchange``: send our envelope, return the neighbour's (frame validated,
+        sent by ``receiver`` when given).
 
         Our envelope streams from its tensors' memory; the answer's tensor bytes land in
         ``arena`` (a byte buffer the caller reuses once it is done with the answer) or in a
         fresh buffer.
         """
-        obj = await self._envelope_call("POST", address, "/v1/exchange", envelope, arena=arena)
-        return check_envelope(obj, codecs=codecs)
+        to = await self._receiver(address, receiver)
+        obj = await self._envelope_call("POST", address, "/v1/exchange", envelope, to, arena)
+        return _from(check_envelope(obj, codecs=codecs), address, to)
 
-    async def state(self, address: str, *, codecs: Any) -> Envelope:
+    async def state(
+        self, address: str, *, codecs: Collection[str], receiver: str | None = None
+    ) -> Envelope:
         """``GET /v1/state``: the neighbour's full model as a dense envelope."""
-        obj = await self._envelope_call("GET", address, "/v1/state", None)
-        return check_envelope(obj, codecs=codecs)
+        to = await self._receiver(address, receiver)
+        obj = await self._envelope_call("GET", address, "/v1/state", None, to, None)
+        return _from(check_envelope(obj, codecs=codecs), address, to)
 
     async def _envelope_call(
         self,
@@ -166,36 +275,41 @@ class PeerClient:
         address: str,
         path: str,
         envelope: Envelope | None,
-        *,
-        arena: torch.Tensor | None = None,
+        receiver: str | None,
+        arena: torch.Tensor | None,
     ) -> Any:
         """One stream-signed call whose request and answer are envelopes: the request body
         is written from its tensors' memory with its tag computed as it goes, the answer
         parsed and authenticated as it arrives (``peer.body``)."""
-        nonce = secrets.token_hex(16) if self.secret is not None else None
+        secret = self.secret
+        nonce = secrets.token_hex(16)
         tag_key = (
-            body_key(self.secret, nonce, "request")
-            if self.secret is not None and nonce is not None and envelope is not None
+            body_key(secret, nonce, "request")
+            if secret is not None and envelope is not None
             else None
         )
         body = EnvelopeBody(envelope_object(envelope), tag_key=tag_key) if envelope else None
         length = body.size or 0 if body is not None else 0
         headers: dict[str, str] = {}
-        if self.secret is not None:
-            headers.update(sign_stream_request(self.secret, method, path, length, nonce=nonce))
+        if secret is not None:
+            assert receiver is not None  # a secret always resolves the receiver
+            headers.update(
+                sign_stream_request(secret, method, path, length, receiver=receiver, nonce=nonce)
+            )
         url = f"{self.scheme}://{address}{path}"
+        obj: Any = None
+        data = b""
         try:
             async with self._get_session().request(
-                method, url, data=body, headers=headers
+                method, url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 status = response.status
-                if status >= 400:
+                received = response.content_length or 0
+                if status >= 300:
                     data = await _read_capped(response, MAX_JSON_BYTES)
                 else:
                     response_key = (
-                        body_key(self.secret, nonce, "response", status)
-                        if self.secret is not None and nonce is not None
-                        else None
+                        body_key(secret, nonce, "response", status) if secret is not None else None
                     )
                     try:
                         obj, _ = await read_envelope_object(
@@ -209,55 +323,74 @@ class PeerClient:
                         raise Unauthorized(
                             f"response signature missing or wrong: {error.detail}"
                         ) from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+        except _NETWORK_ERRORS as error:
             raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
         if self.on_bytes is not None:
             self.on_bytes("out", length)
-            self.on_bytes("in", response.content_length or 0)
-        if status >= 400:
+            self.on_bytes("in", received)
+        if status >= 300:
             _raise_refusal(address, status, data)
         return obj
 
-    async def join(self, address: str, peer_id: str, own_address: str | None) -> dict[str, Any]:
-        """``POST /v1/join``: announce ourselves; returns ``{"v", "id", "peers"}``."""
-        body = json.dumps({"id": peer_id, "address": own_address}).encode()
-        data = await self.request(
-            "POST",
-            address,
-            "/v1/join",
-            body,
-            content_type="application/json",
-            max_body_bytes=MAX_JSON_BYTES,
-        )
-        return _json_view(data)
 
-    async def peers(self, address: str) -> dict[str, Any]:
-        """``GET /v1/peers``: the neighbour's membership view."""
-        data = await self.request("GET", address, "/v1/peers", max_body_bytes=MAX_JSON_BYTES)
-        return _json_view(data)
+def _from(envelope: Envelope, address: str, receiver: str | None) -> Envelope:
+    """``envelope`` if it was sent by ``receiver`` (when known), else :class:`UnknownPeer`."""
+    if receiver is not None and envelope.sender != receiver:
+        raise UnknownPeer(f"{address} answered as {envelope.sender!r}, not {receiver!r}")
+    return envelope
+
+
+def check_view(data: bytes, *, what: str, receiver: str | None) -> dict[str, Any]:
+    """A JSON membership view (the answer to ``/v1/join`` and ``/v1/peers``), decoded strictly.
+
+    Exactly ``{"v": <this protocol version>, "id": <peer id>, "peers": [...]}`` with at most
+    :data:`~peer.membership.MAX_VIEW_ENTRIES` entries, from ``receiver`` when known. The
+    entries themselves are validated one by one by :meth:`peer.membership.Membership.merge`,
+    which skips (and logs) the bad ones. Raises only typed protocol errors.
+    """
+    obj = loads(data, what=what, max_bytes=MAX_JSON_BYTES)
+    checked = expect_object(obj, what=what, required={"v": int, "id": str, "peers": list})
+    check_version(checked["v"], field_name=f"{what}: v")
+    sender = check_sender(checked["id"], field_name=f"{what}: id")
+    if receiver is not None and sender != receiver:
+        raise UnknownPeer(f"{what} comes from {sender!r}, not from {receiver!r}")
+    if len(checked["peers"]) > MAX_VIEW_ENTRIES:
+        raise MalformedBody(
+            f"{what}: peers has {len(checked['peers'])} entries, at most {MAX_VIEW_ENTRIES}"
+        )
+    return checked
+
+
+def parse_refusal(data: bytes) -> tuple[str, str]:
+    """``(code, detail)`` of a neighbour's error body: the documented JSON
+    ``{"error": <code>, "detail": <text>}`` (other keys ignored), decoded strictly; anything
+    else is code ``unknown`` with the body's start as detail. The code is lower-case
+    ``[a-z0-9_]``, at most 64 characters; the detail printable, at most
+    :data:`MAX_DETAIL_CHARS` (a neighbour's text goes into our logs)."""
+    code, detail = "unknown", data[:200].decode("utf-8", errors="replace")
+    try:
+        obj = loads(data, what="error body", max_bytes=MAX_JSON_BYTES, max_depth=2)
+    except ProtocolError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("error"), str):
+        error = obj["error"]
+        if 0 < len(error) <= 64 and set(error) <= _CODE_CHARS:
+            code = error
+            detail = obj["detail"] if isinstance(obj.get("detail"), str) else ""
+    detail = detail[:MAX_DETAIL_CHARS]
+    return code, "".join(c if c.isprintable() else "?" for c in detail)
 
 
 def _raise_refusal(address: str, status: int, data: bytes) -> None:
     """A 5xx as :class:`PeerUnavailable`; a 4xx (a refusal: nothing was applied, so it need
-    not be signed) as :class:`RemoteRefused` with its JSON error code and detail."""
+    not be signed) as :class:`RemoteRefused` with its code and detail (:func:`parse_refusal`); a
+    3xx (the protocol never redirects, and we follow none) as :class:`MalformedBody`."""
     if status >= 500:
         raise PeerUnavailable(address, f"HTTP {status}")
-    try:
-        err = json.loads(data)
-        code, detail = str(err["error"]), str(err["detail"])
-    except (ValueError, KeyError, TypeError):
-        code, detail = "unknown", data[:200].decode(errors="replace")
+    if status < 400:
+        raise MalformedBody(f"{address} answered HTTP {status}; the protocol never redirects")
+    code, detail = parse_refusal(data)
     raise RemoteRefused(address, status, code, detail)
-
-
-def _json_view(data: bytes) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        raise MalformedBody("membership view is not JSON") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("peers"), list) or "id" not in obj:
-        raise MalformedBody("membership view must be a JSON object with id and a peers list")
-    return obj
 
 
 async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:

@@ -95,10 +95,12 @@ class PeerCore:
             config.secret if config.secret is not None else load_secret(config.secret_file)
         )
         self.verifier = (
-            RequestVerifier(self.secret, clock_window_s=config.clock_window_s)
+            RequestVerifier(self.secret, peer_id=self.peer_id, clock_window_s=config.clock_window_s)
             if self.secret is not None
             else None
         )
+        """Checks requests signed for this peer; it refuses every request signed before it
+        was made (a restart's replay protection, ``peer.auth.RequestVerifier``)."""
         self.metrics = PeerMetrics(self.peer_id)
         self.attack = None if config.byzantine is None else consensus.build_attack(config.byzantine)
         """The attack this peer runs instead of honest messages (evaluation only), or None."""

@@ -9,23 +9,34 @@ a view we merge -- re-admits it as alive with a clean failure count.
 
 Views are exchanged on ``POST /v1/join`` and ``GET /v1/peers`` and merged with
 :meth:`Membership.merge`; a peer never lets a merged view evict or overwrite
-itself. A client-only member has ``address=None``: it is known (its values
-arrive in its requests) but never called.
+itself. A view comes from a neighbour, so it is untrusted input: each entry is
+validated on its own (:func:`view_entry`: an ``id`` of the peer-id pattern, an
+``address`` of the form ``HOST:PORT`` or null, an optional known ``status``, nothing
+else), and a bad entry is skipped and logged, never joined; a view holds at most
+:data:`MAX_VIEW_ENTRIES` entries (the client refuses a longer one whole). A
+client-only member has ``address=None``: it is known (its values arrive in its
+requests) but never called.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from peer.errors import MalformedBody
-from peer.wire import check_sender
+from peer.errors import MalformedBody, ProtocolError
+from peer.wire import check_sender, describe
+
+logger = logging.getLogger(__name__)
 
 Status = Literal["alive", "suspected", "evicted"]
 STATUSES: tuple[Status, ...] = ("alive", "suspected", "evicted")
+MAX_VIEW_ENTRIES = 4096
+"""Most entries a received membership view may hold (a bigger swarm shares partial views)."""
+_ENTRY_KEYS = frozenset({"id", "address", "status"})
 
 _ADDRESS = re.compile(
     r"(?P<host>[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>[0-9]{1,5})"
@@ -39,6 +50,35 @@ def check_address(address: object, *, field: str = "address") -> str:
     if not 1 <= int(match["port"]) <= 65535:
         raise ValueError(f"{field} port must be in 1..65535, got {match['port']}")
     return address
+
+
+def view_entry(entry: object) -> tuple[str, str | None]:
+    """``(id, address)`` of one entry of a received view; a typed protocol error otherwise
+    (:class:`~peer.errors.InvalidSender` for the id, :class:`MalformedBody` for the rest).
+
+    An entry is a map with an ``id`` (the peer-id pattern, ``peer.wire.check_sender``), an
+    ``address`` (``HOST:PORT``, :func:`check_address`, or null for a client-only member)
+    and optionally a ``status`` (one of :data:`STATUSES`; informational), nothing else.
+    """
+    if not isinstance(entry, dict):
+        raise MalformedBody(f"a view entry must be a map, got {describe(entry)}")
+    if not {"id", "address"} <= set(entry) <= _ENTRY_KEYS:
+        keys = [describe(key) for key in list(entry)[:8]]
+        raise MalformedBody(f"a view entry must have keys id, address (and status), got {keys}")
+    peer_id = check_sender(entry["id"], field_name="id")
+    if "status" in entry and entry["status"] not in STATUSES:
+        raise MalformedBody(
+            f"status of {peer_id} must be one of {list(STATUSES)}, got {describe(entry['status'])}"
+        )
+    address = entry["address"]
+    if address is None:
+        return peer_id, None
+    try:
+        return peer_id, check_address(address, field=f"address of {peer_id}")
+    except ValueError:
+        raise MalformedBody(
+            f"address of {peer_id} must be HOST:PORT or null, got {describe(address)}"
+        ) from None
 
 
 @dataclass
@@ -143,26 +183,34 @@ class Membership:
         me = {"id": self.self_id, "address": self.self_address, "status": "alive"}
         return [me, *(m.to_json() for m in self.members("alive", "suspected"))]
 
-    def merge(self, view: Iterable[Mapping[str, Any]]) -> list[str]:
+    def merge(self, view: Iterable[object], *, source: str = "a view") -> list[str]:
         """Add the members of a received view we did not know; returns their ids.
 
-        Known members keep their local status (our own calls decide suspicion);
-        evicted ones come back only through :meth:`observe`. Raises
-        :class:`~peer.errors.MalformedBody` if an entry is not ``{id, address}``.
+        Each entry is validated on its own (:func:`view_entry`); a bad one is skipped (one
+        log line per view counts them and gives the first reason), never joined. Known
+        members keep their local status (our own calls decide suspicion); evicted ones come
+        back only through :meth:`observe`. ``source`` names where the view came from, for
+        the log.
         """
-        added = []
-        for entry in view:
-            if not isinstance(entry, Mapping) or "id" not in entry or "address" not in entry:
-                raise MalformedBody("each view entry must be a map with id and address")
-            peer_id = check_sender(entry["id"])
-            address = entry["address"]
-            if address is not None:
-                try:
-                    check_address(address, field=f"address of {peer_id}")
-                except ValueError as error:
-                    raise MalformedBody(str(error)) from None
+        added: list[str] = []
+        skipped: list[str] = []
+        for index, entry in enumerate(view):
+            try:
+                peer_id, address = view_entry(entry)
+            except ProtocolError as error:
+                skipped.append(f"entry {index}: {error.detail}")
+                continue
             if peer_id == self.self_id or peer_id in self._members:
                 continue
             self._members[peer_id] = Member(peer_id, address, last_seen=self._clock())
             added.append(peer_id)
+        if skipped:
+            logger.warning(
+                "peer %s: skipped %d bad entr%s of %s (%s)",
+                self.self_id,
+                len(skipped),
+                "y" if len(skipped) == 1 else "ies",
+                source,
+                skipped[0],
+            )
         return added

@@ -25,7 +25,7 @@ from gossip.pairwise import PairwiseGossip
 from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.core import PeerCore
-from peer.errors import Busy, ProtocolError, UnknownPeer
+from peer.errors import Busy, ProtocolError
 from peer.membership import Member
 from peer.threads import in_thread
 from peer.wire import Envelope
@@ -79,13 +79,10 @@ class PairwiseExchange(PeerCore):
             arena = self._answer_arenas.take(self.max_body_bytes)
             try:
                 envelope = await in_thread(self._envelope, sent)
+                # signed for member.id, and answered by it (else UnknownPeer)
                 reply = await self._client().exchange(
-                    member.address, envelope, codecs=self.codecs, arena=arena
+                    member.address, envelope, receiver=member.id, codecs=self.codecs, arena=arena
                 )
-                if reply.sender != member.id:
-                    raise UnknownPeer(
-                        f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
-                    )
                 codec = self.codecs[reply.codec]
                 averaged = await in_thread(codec.decode, reply.payload, self.spec)
             except RemoteRefused as error:

@@ -36,7 +36,7 @@ import consensus
 from gossip.algorithms import neighbourhood_fits
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.core import PeerCore
-from peer.errors import Busy, ProtocolError, UnknownPeer
+from peer.errors import Busy, ProtocolError
 from peer.membership import Member
 from peer.threads import in_thread
 from peer.wire import Envelope
@@ -221,11 +221,10 @@ class SyncRound(PeerCore):
         try:
             if self.attack is not None:
                 envelope = await self._attacked(envelope, member.id, None)
-            reply = await self._client().exchange(member.address, envelope, codecs=self.codecs)
-            if reply.sender != member.id:
-                raise UnknownPeer(
-                    f"{member.address} answered as {reply.sender!r}, not {member.id!r}"
-                )
+            # signed for member.id, and answered by it (else UnknownPeer)
+            reply = await self._client().exchange(
+                member.address, envelope, receiver=member.id, codecs=self.codecs
+            )
             codec = self.codecs[reply.codec]
             vector = await in_thread(codec.decode, reply.payload, self.message_spec)
         except RemoteRefused as error:

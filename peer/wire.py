@@ -1,19 +1,25 @@
 """The gossipnet wire format: a versioned msgpack envelope around one codec payload.
 
-Every body a peer sends is one msgpack map (protocol version 1)::
+Every body a peer sends is one msgpack map (protocol version 2)::
 
-    {"v": 1, "sender": "peer-a", "round": 12, "step": 480, "codec": "none",
+    {"v": 2, "sender": "peer-a", "round": 12, "step": 480, "codec": "none",
      "payload": {"codec": "none", "dtype": "<f4", "data": <d*4 raw bytes>}}
 
 The payload is exactly a ``gossip.compression`` codec's map, for every codec (``none``
 included): one payload format per codec and one dtype vocabulary
 (:data:`gossip.compression.WIRE_DTYPES`), shared with the simulator, which charges a message
 :func:`gossip.compression.envelope_bytes`, the ``len`` of what :func:`pack_envelope` builds.
-Nothing is ever pickled. On receipt, :func:`unpack_envelope` checks the structure, the
-protocol version, the codec name, the sender id and the round number; the codec
-(:mod:`peer.codecs`) then validates the payload against the local model *before* anything
-touches it. Each violation raises a typed :class:`~peer.errors.ProtocolError` that the
-server answers with a 4xx and a JSON body.
+Nothing is ever pickled.
+
+Envelopes are decoded strictly in both directions (a request a server reads, an answer a
+client reads): :func:`check_envelope` checks the structure (exactly the six keys, all
+strings), the protocol version (``v`` must be the int :data:`PROTOCOL_VERSION`: not ``2.0``,
+not ``True``, not a list or a map), the codec name, the sender id (a bounded string) and
+the round and step (ints in ``[0, 2**53)``, never a bool). Every violation raises a typed
+:class:`~peer.errors.ProtocolError` and nothing else, whatever the decoded object holds: the
+server answers it with a 4xx and a JSON body, the client counts the neighbour as failed. The
+codec (:mod:`peer.codecs`) then validates the payload against the local model *before*
+anything touches it.
 
 Example::
 
@@ -55,8 +61,9 @@ from peer.errors import (
 from peer.msgpack_stream import SPLICE_BYTES as SPLICE_BYTES
 from peer.msgpack_stream import segments
 
-# PROTOCOL_VERSION (imported above, gossip.compression's) is the envelope version this
-# peer writes; SUPPORTED_VERSIONS lists what it reads.
+# PROTOCOL_VERSION (imported above, gossip.compression's) is the version this peer writes in
+# envelopes, JSON views and signatures; SUPPORTED_VERSIONS lists what it reads (version 1's
+# signatures do not name the receiver, so a version-2 peer refuses version 1).
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})
 
 MAX_ROUND = 2**53
@@ -141,11 +148,39 @@ class Envelope:
         check_round(self.step, field_name="step")
 
 
-def check_sender(sender: object) -> str:
+def describe(value: object) -> str:
+    """A short, bounded description of an untrusted value for an error message: a string's
+    first 40 characters, a small int itself, otherwise the type (never the whole of a huge
+    list, map or int)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if value.bit_length() <= 64 else f"an int of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
+
+
+def check_version(value: object, *, field_name: str = "v") -> int:
+    """Return ``value`` if it is the int :data:`PROTOCOL_VERSION` (a version this peer
+    reads), else raise :class:`UnsupportedVersion`: ``2.0``, ``True``, ``"2"``, a list or a
+    map are not a version."""
+    if type(value) is not int or value not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersion(
+            f"{field_name} must be the int {' or '.join(map(str, sorted(SUPPORTED_VERSIONS)))} "
+            f"(the protocol version this peer speaks), got {describe(value)}"
+        )
+    return value
+
+
+def check_sender(sender: object, *, field_name: str = "sender") -> str:
     """Return ``sender`` if it is a valid peer id, else raise :class:`InvalidSender`."""
     if not isinstance(sender, str) or SENDER_ID_PATTERN.fullmatch(sender) is None:
         raise InvalidSender(
-            f"sender must match {SENDER_ID_PATTERN.pattern} (1-64 chars), got {sender!r:.80}"
+            f"{field_name} must match {SENDER_ID_PATTERN.pattern} (1-64 chars), "
+            f"got {describe(sender)}"
         )
     return sender
 
@@ -153,7 +188,7 @@ def check_sender(sender: object) -> str:
 def check_round(value: object, *, field_name: str = "round") -> int:
     """Return ``value`` if it is an int in [0, 2**53), else raise :class:`InvalidRound`."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_ROUND:
-        raise InvalidRound(f"{field_name} must be an integer in [0, 2**53), got {value!r:.40}")
+        raise InvalidRound(f"{field_name} must be an integer in [0, 2**53), got {describe(value)}")
     return value
 
 
@@ -220,30 +255,34 @@ def unpack_envelope(body: bytes, *, max_bytes: int, codecs: Collection[str]) -> 
 
 
 def check_envelope(obj: object, *, codecs: Collection[str]) -> Envelope:
-    """Validate a decoded msgpack object as an envelope frame (not yet its tensors)."""
+    """Validate a decoded msgpack object as an envelope frame (not yet its tensors).
+
+    Raises only typed protocol errors, in this order: :class:`MalformedBody` (not a map, or
+    not exactly the six string keys), :class:`UnsupportedVersion` (``v`` not the int
+    :data:`PROTOCOL_VERSION`), :class:`UnknownCodec`, :class:`MalformedBody` (payload not a
+    map), :class:`InvalidSender`, :class:`InvalidRound` (round, then step).
+    """
     if not isinstance(obj, dict):
-        raise MalformedBody(f"body must be a msgpack map, got {type(obj).__name__}")
-    missing = sorted(_ENVELOPE_KEYS - set(obj))
-    extra = sorted(set(obj) - _ENVELOPE_KEYS)
-    if missing or extra:
+        raise MalformedBody(f"body must be a msgpack map, got {describe(obj)}")
+    wrong = [key for key in obj if type(key) is not str or key not in _ENVELOPE_KEYS]
+    if wrong or len(obj) != len(_ENVELOPE_KEYS):
+        missing = [key for key in ENVELOPE_KEYS if key not in obj]
         raise MalformedBody(
-            f"envelope keys must be {sorted(_ENVELOPE_KEYS)}; missing {missing}, unexpected {extra}"
+            f"envelope keys must be {list(ENVELOPE_KEYS)}; missing {missing}, unexpected "
+            f"{[describe(key) for key in wrong[:8]]}"
         )
-    version = obj["v"]
-    if type(version) is not int or version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersion(
-            f"v must be one of {sorted(SUPPORTED_VERSIONS)}, got {version!r:.40}"
-        )
+    version = check_version(obj["v"])
     codec = obj["codec"]
-    if not isinstance(codec, str) or codec not in codecs:
-        raise UnknownCodec(f"codec must be one of {sorted(codecs)}, got {codec!r:.40}")
-    if not isinstance(obj["payload"], dict):
-        raise MalformedBody("payload must be a map")
+    if type(codec) is not str or codec not in codecs:
+        raise UnknownCodec(f"codec must be one of {sorted(codecs)}, got {describe(codec)}")
+    payload = obj["payload"]
+    if not isinstance(payload, dict):
+        raise MalformedBody(f"payload must be a map, got {describe(payload)}")
     return Envelope(
         sender=check_sender(obj["sender"]),
         round=check_round(obj["round"], field_name="round"),
         step=check_round(obj["step"], field_name="step"),
         codec=codec,
-        payload=obj["payload"],
+        payload=payload,
         version=version,
     )

@@ -3,7 +3,7 @@
 What a peer sends is one msgpack map, the *envelope* (``peer.wire`` packs and validates it;
 ``docs/protocol.md`` is its description)::
 
-    {"v": 1, "sender": "peer-3", "round": 12, "step": 480, "codec": "qsgd",
+    {"v": 2, "sender": "peer-3", "round": 12, "step": 480, "codec": "qsgd",
      "payload": <the codec's payload map>}
 
 Its byte count is a pure function of the payload's byte count
@@ -41,8 +41,11 @@ __all__ = [
     "launch_peer_id",
 ]
 
-PROTOCOL_VERSION = 1
-"""The envelope version peers write (``v``)."""
+PROTOCOL_VERSION = 2
+"""The protocol version peers speak: the ``v`` of every envelope and JSON view, and a line of
+every request signature's signed text (``peer.auth``). Version 2 (issue 17) changed only the
+signed text (it names the version and the receiving peer), so an envelope's size is the same
+as version 1's (both fit msgpack's one-byte int)."""
 
 ENVELOPE_KEYS = ("v", "sender", "round", "step", "codec", "payload")
 """The envelope's keys, in the order they are packed (the payload, whose last field holds

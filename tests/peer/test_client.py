@@ -1,4 +1,6 @@
-"""The client trusts no answer: unsigned or replayed responses are refused before use."""
+"""The client trusts no answer (unsigned or replayed responses are refused before use), and
+signs each request for the peer it calls (``tests/peer/test_hostile_neighbour.py`` throws
+every kind of garbage at it)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import torch
 from aiohttp import web
 
 from peer import auth, wire
-from peer.client import PeerClient
+from peer.client import PeerClient, RemoteRefused
 from peer.codecs import DenseCodec
-from peer.errors import BodyTooLarge, Unauthorized
+from peer.errors import BodyTooLarge, Unauthorized, UnknownPeer
 
-from .conftest import SECRET
+from .conftest import SECRET, started_peer
 
 REPLY = wire.pack_envelope(
     wire.Envelope(
@@ -68,7 +70,7 @@ async def replaying_server() -> AsyncIterator[str]:
 async def test_unsigned_response_is_refused(unsigned_server: str) -> None:
     async with PeerClient(secret=SECRET, timeout_s=5.0, max_body_bytes=1 << 20) as client:
         with pytest.raises(Unauthorized, match="response signature"):
-            await client.exchange(unsigned_server, envelope(), codecs={"none"})
+            await client.exchange(unsigned_server, envelope(), receiver="impostor", codecs={"none"})
     async with PeerClient(secret=None, timeout_s=5.0, max_body_bytes=1 << 20) as open_client:
         reply = await open_client.exchange(unsigned_server, envelope(), codecs={"none"})
         assert reply.sender == "impostor"  # an open swarm trusts anyone: hence the warning
@@ -77,13 +79,36 @@ async def test_unsigned_response_is_refused(unsigned_server: str) -> None:
 async def test_replayed_response_is_refused(replaying_server: str) -> None:
     async with PeerClient(secret=SECRET, timeout_s=5.0, max_body_bytes=1 << 20) as client:
         with pytest.raises(Unauthorized):
-            await client.exchange(replaying_server, envelope(), codecs={"none"})
+            await client.exchange(
+                replaying_server, envelope(), receiver="impostor", codecs={"none"}
+            )
 
 
 async def test_response_over_the_cap_is_refused(unsigned_server: str) -> None:
     async with PeerClient(secret=None, timeout_s=5.0, max_body_bytes=len(REPLY) - 1) as client:
         with pytest.raises(BodyTooLarge):
             await client.exchange(unsigned_server, envelope(), codecs={"none"})
+
+
+async def test_an_answer_from_another_peer_than_the_one_called_is_refused(
+    unsigned_server: str,
+) -> None:
+    async with PeerClient(secret=None, timeout_s=5.0, max_body_bytes=1 << 20) as client:
+        with pytest.raises(UnknownPeer, match="answered as 'impostor', not 'b'"):
+            await client.exchange(unsigned_server, envelope(), receiver="b", codecs={"none"})
+
+
+async def test_a_bare_address_is_asked_who_listens_and_the_request_signed_for_it() -> None:
+    async with (
+        started_peer("a") as a,
+        PeerClient(secret=SECRET, timeout_s=5.0, max_body_bytes=1 << 20) as client,
+    ):
+        assert await client.peer_id(a.address) == "a"
+        view = await client.peers(a.address)  # no receiver: GET /v1/status first
+        assert view["id"] == "a" and view["v"] == wire.PROTOCOL_VERSION
+        with pytest.raises(RemoteRefused) as refused:  # as if a status had lied: refused
+            await client.peers(a.address, receiver="b")
+        assert refused.value.status == 401 and "signed for another peer" in refused.value.detail
 
 
 def test_client_validates_timeout() -> None:

@@ -116,7 +116,7 @@ def test_a_payload_codec_other_than_the_envelopes_is_an_unknown_codec() -> None:
 async def _post_exchange(peer: Peer, envelope: dict) -> tuple[int, bytes]:
     """POST a hand-built, correctly signed envelope to a running peer's /v1/exchange."""
     raw = msgpack.packb(envelope, use_bin_type=True)
-    headers = auth.sign_request(SECRET, "POST", "/v1/exchange", raw)
+    headers = auth.sign_request(SECRET, "POST", "/v1/exchange", raw, receiver="callee")
     async with (
         aiohttp.ClientSession() as session,
         session.post(f"http://{peer.address}/v1/exchange", data=raw, headers=headers) as reply,
@@ -129,7 +129,7 @@ async def test_a_running_peer_answers_each_kind_with_its_status_and_code(kind: s
     corrupt, _, status, code = BY_KIND[kind]
     async with started_peer("callee", seed=1) as peer:
         body = corrupt(peer.spec.numel)
-        envelope = {"v": 1, "sender": "caller", "round": 0, "step": 0}
+        envelope = {"v": wire.PROTOCOL_VERSION, "sender": "caller", "round": 0, "step": 0}
         envelope |= {"codec": body["codec"], "payload": body}
         before = model_bytes(peer)
         got_status, answer = await _post_exchange(peer, envelope)
@@ -144,7 +144,13 @@ async def test_a_running_peer_refuses_bad_none_payloads_untouched(case: str) -> 
     corrupt, status, code = NONE_CASES[case]
     async with started_peer("callee", seed=1) as peer:
         body = corrupt(peer.spec.numel)
-        envelope = {"v": 1, "sender": "caller", "round": 0, "step": 0, "codec": "none"}
+        envelope = {
+            "v": wire.PROTOCOL_VERSION,
+            "sender": "caller",
+            "round": 0,
+            "step": 0,
+            "codec": "none",
+        }
         before = model_bytes(peer)
         got_status, answer = await _post_exchange(peer, envelope | {"payload": body})
         assert got_status == status, answer

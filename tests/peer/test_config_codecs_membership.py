@@ -10,8 +10,15 @@ import torch
 
 from peer import codecs, wire
 from peer.config import PeerConfig
-from peer.errors import DTypeMismatch, MalformedBody, NonFiniteValues, ShapeMismatch, UnknownCodec
-from peer.membership import Membership, check_address
+from peer.errors import (
+    DTypeMismatch,
+    InvalidSender,
+    MalformedBody,
+    NonFiniteValues,
+    ShapeMismatch,
+    UnknownCodec,
+)
+from peer.membership import Membership, check_address, view_entry
 
 from .conftest import started_peer
 
@@ -158,12 +165,42 @@ def test_membership_merge_adds_only_new_and_never_itself() -> None:
     )
     assert added == ["y"]
     assert view.get("x").status == "suspected" and view.get("x").address == "127.0.0.1:2"
-    with pytest.raises(MalformedBody):
-        view.merge([{"id": "z"}])
-    with pytest.raises(MalformedBody):
-        view.merge([{"id": "z", "address": "bad"}])
     with pytest.raises(ValueError, match="own id"):
         view.observe("me")
+
+
+BAD_ENTRIES = {
+    "no address": {"id": "z"},
+    "no id": {"address": "127.0.0.1:9"},
+    "address not HOST:PORT": {"id": "z", "address": "bad"},
+    "address port 0": {"id": "z", "address": "127.0.0.1:0"},
+    "address a list": {"id": "z", "address": ["127.0.0.1", 9]},
+    "address an int": {"id": "z", "address": 9000},
+    "id an int": {"id": 5, "address": "127.0.0.1:9"},
+    "id with a space": {"id": "z z", "address": "127.0.0.1:9"},
+    "id too long": {"id": "z" * 65, "address": "127.0.0.1:9"},
+    "id a map": {"id": {"id": "z"}, "address": "127.0.0.1:9"},
+    "unknown status": {"id": "z", "address": "127.0.0.1:9", "status": "king"},
+    "status a bool": {"id": "z", "address": "127.0.0.1:9", "status": True},
+    "an extra key": {"id": "z", "address": "127.0.0.1:9", "admin": True},
+    "a string": "z@127.0.0.1:9",
+    "a list": ["z", "127.0.0.1:9"],
+    "null": None,
+    "a number": 1e309,
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ENTRIES))
+def test_bad_view_entries_are_skipped_and_logged_never_joined(
+    case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    view = Membership("me", None)
+    with pytest.raises((MalformedBody, InvalidSender)):
+        view_entry(BAD_ENTRIES[case])
+    good = {"id": "y", "address": "127.0.0.1:8", "status": "alive"}
+    assert view.merge([BAD_ENTRIES[case], good], source="view of x") == ["y"]
+    assert [m.id for m in view.members()] == ["y"]
+    assert "skipped 1 bad entry of view of x (entry 0:" in caplog.text
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:7000", "peer-3.local:80", "[::1]:9000"])

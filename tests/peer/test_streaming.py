@@ -35,7 +35,9 @@ def stream_signed(
     """A body with its tag, and the headers, as a stream-signing client sends them."""
     nonce = "ab" * 16
     signed = body + poly1305_tag(auth.body_key(secret, nonce, "request"), body)
-    headers = auth.sign_stream_request(secret, method, path, len(signed), nonce=nonce)
+    headers = auth.sign_stream_request(
+        secret, method, path, len(signed), nonce=nonce, receiver="callee"
+    )
     return signed, headers
 
 
@@ -70,11 +72,11 @@ HOSTILE: dict[str, Any] = {
     "a flipped tag byte": lambda body, headers: (_flip(body, len(body) - 1), headers),
     "no tag": lambda body, headers: (
         body[:-16],
-        auth.sign_stream_request(SECRET, "POST", "/v1/exchange", len(body) - 16),
+        auth.sign_stream_request(SECRET, "POST", "/v1/exchange", len(body) - 16, receiver="callee"),
     ),
     "the length signed is not the body's": lambda body, headers: (
         body,
-        auth.sign_stream_request(SECRET, "POST", "/v1/exchange", len(body) + 1),
+        auth.sign_stream_request(SECRET, "POST", "/v1/exchange", len(body) + 1, receiver="callee"),
     ),
     "another secret": lambda body, headers: stream_signed(
         body[:-16], secret=b"not-the-swarm-secret!"
@@ -82,7 +84,12 @@ HOSTILE: dict[str, Any] = {
     "signed for another path": lambda body, headers: (
         body,
         auth.sign_stream_request(
-            SECRET, "POST", "/v1/state", len(body), nonce=auth.request_nonce(headers)
+            SECRET,
+            "POST",
+            "/v1/state",
+            len(body),
+            nonce=auth.request_nonce(headers),
+            receiver="callee",
         ),
     ),
 }

@@ -19,6 +19,7 @@ from peer.errors import (
     InvalidSender,
     MalformedBody,
     NonFiniteValues,
+    ProtocolError,
     ShapeMismatch,
     UnknownCodec,
     UnsupportedVersion,
@@ -30,7 +31,7 @@ SPEC = wire.ModelSpec(numel=4)
 
 def body_for(t: torch.Tensor, **overrides: object) -> bytes:
     obj = {
-        "v": 1,
+        "v": wire.PROTOCOL_VERSION,
         "sender": "peer-a",
         "round": 3,
         "step": 30,
@@ -94,22 +95,49 @@ def test_model_spec_validates() -> None:
         wire.ModelSpec(numel=3, dtype=torch.int64)
 
 
+ONES = torch.ones(2)
 BAD_BODIES = {
     "not msgpack": (b"\xc1\xc1\xc1", MalformedBody),
-    "trailing bytes": (body_for(torch.ones(2)) + b"\x00", MalformedBody),
+    "trailing bytes": (body_for(ONES) + b"\x00", MalformedBody),
     "list not map": (msgpack.packb([1, 2]), MalformedBody),
-    "missing key": (msgpack.packb({"v": 1}), MalformedBody),
+    "missing key": (msgpack.packb({"v": wire.PROTOCOL_VERSION}), MalformedBody),
     "extension type": (msgpack.packb(msgpack.ExtType(5, b"x")), MalformedBody),
-    "version 2": (body_for(torch.ones(2), v=2), UnsupportedVersion),
-    "version true": (body_for(torch.ones(2), v=True), UnsupportedVersion),
-    "codec zip": (body_for(torch.ones(2), codec="zip"), UnknownCodec),
-    "empty sender": (body_for(torch.ones(2), sender=""), InvalidSender),
-    "sender with slash": (body_for(torch.ones(2), sender="../etc"), InvalidSender),
-    "long sender": (body_for(torch.ones(2), sender="a" * 65), InvalidSender),
-    "negative round": (body_for(torch.ones(2), round=-1), InvalidRound),
-    "huge round": (body_for(torch.ones(2), round=2**60), InvalidRound),
-    "float round": (body_for(torch.ones(2), round=1.5), InvalidRound),
-    "payload list": (body_for(torch.ones(2), payload=[1]), MalformedBody),
+    "bytes key beside str keys": (
+        msgpack.packb({**msgpack.unpackb(body_for(ONES)), b"v": 2}, use_bin_type=True),
+        MalformedBody,
+    ),
+    "bytes key instead of a str": (
+        msgpack.packb(
+            {(b"v" if k == "v" else k): v for k, v in msgpack.unpackb(body_for(ONES)).items()},
+            use_bin_type=True,
+        ),
+        MalformedBody,
+    ),
+    "version 1 (before signatures named the receiver)": (body_for(ONES, v=1), UnsupportedVersion),
+    "version 3": (body_for(ONES, v=3), UnsupportedVersion),
+    "version true": (body_for(ONES, v=True), UnsupportedVersion),
+    "version 2.0": (body_for(ONES, v=float(wire.PROTOCOL_VERSION)), UnsupportedVersion),
+    "version '2'": (body_for(ONES, v=str(wire.PROTOCOL_VERSION)), UnsupportedVersion),
+    "version list": (body_for(ONES, v=[wire.PROTOCOL_VERSION]), UnsupportedVersion),
+    "version map": (body_for(ONES, v={"major": 2}), UnsupportedVersion),
+    "version null": (body_for(ONES, v=None), UnsupportedVersion),
+    "version 2**64-1": (body_for(ONES, v=2**64 - 1), UnsupportedVersion),
+    "codec zip": (body_for(ONES, codec="zip"), UnknownCodec),
+    "codec list": (body_for(ONES, codec=["none"]), UnknownCodec),
+    "empty sender": (body_for(ONES, sender=""), InvalidSender),
+    "sender with slash": (body_for(ONES, sender="../etc"), InvalidSender),
+    "long sender": (body_for(ONES, sender="a" * 65), InvalidSender),
+    "sender int": (body_for(ONES, sender=7), InvalidSender),
+    "sender map": (body_for(ONES, sender={"id": "a"}), InvalidSender),
+    "negative round": (body_for(ONES, round=-1), InvalidRound),
+    "huge round": (body_for(ONES, round=2**60), InvalidRound),
+    "round 2**64-1": (body_for(ONES, round=2**64 - 1), InvalidRound),
+    "float round": (body_for(ONES, round=1.5), InvalidRound),
+    "bool round": (body_for(ONES, round=True), InvalidRound),
+    "negative step": (body_for(ONES, step=-1), InvalidRound),
+    "bool step": (body_for(ONES, step=False), InvalidRound),
+    "payload list": (body_for(ONES, payload=[1]), MalformedBody),
+    "payload bytes": (body_for(ONES, payload=b"\x00" * 8), MalformedBody),
 }
 
 
@@ -119,6 +147,48 @@ def test_bad_envelopes_raise_typed_errors(case: str) -> None:
     with pytest.raises(error) as info:
         wire.unpack_envelope(body, max_bytes=1 << 20, codecs=CODECS)
     assert info.value.detail
+
+
+def _msgpack_values() -> st.SearchStrategy[object]:
+    leaves = (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+        | st.floats()
+        | st.text(max_size=70)
+        | st.binary(max_size=16)
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+        max_leaves=12,
+    )
+
+
+ENVELOPE_FIELDS = msgpack.unpackb(body_for(ONES))
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([*ENVELOPE_FIELDS, "x"]) | st.binary(max_size=3), _msgpack_values()
+    )
+    | _msgpack_values(),
+    st.dictionaries(st.sampled_from(list(ENVELOPE_FIELDS)), _msgpack_values()),
+)
+def test_every_decoded_object_is_an_envelope_or_a_typed_error(
+    anything: object, replaced: dict[str, object]
+) -> None:
+    """check_envelope raises a ProtocolError and nothing else, for any decoded object: one
+    of arbitrary shape, or a valid envelope with some fields replaced by arbitrary values."""
+    for obj in (anything, {**ENVELOPE_FIELDS, **replaced}):
+        try:
+            envelope = wire.check_envelope(obj, codecs=CODECS)
+        except ProtocolError as error:
+            assert error.detail and len(error.detail) < 1000
+        else:  # accepted: then every field is exactly of the protocol's types
+            assert type(envelope.version) is int and envelope.version == wire.PROTOCOL_VERSION
+            assert type(envelope.round) is int and type(envelope.step) is int
+            assert isinstance(envelope.payload, dict)
 
 
 def test_oversized_body_is_refused_before_parsing() -> None:
@@ -181,7 +251,7 @@ def test_spliced_body_is_exactly_msgpack(numel: int, dtype: torch.dtype) -> None
     env = wire.Envelope(sender="a", round=1, step=2, codec="none", payload=payload)
     reference = msgpack.packb(
         {
-            "v": 1,
+            "v": wire.PROTOCOL_VERSION,
             "sender": "a",
             "round": 1,
             "step": 2,
