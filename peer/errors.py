@@ -1,10 +1,12 @@
 """Typed protocol errors, each mapped to one HTTP status and a JSON error body.
 
-Every check a peer makes on a request (wire format, authentication, membership)
-raises a subclass of :class:`ProtocolError`. The server turns it into
-``{"error": code, "detail": message}`` with the class's ``status``; nothing of the
-request has touched the model by then. The same classes are raised on the client
-side when a neighbour's *response* fails validation.
+Every check a peer makes on a request (wire format, authentication, membership, the
+server's admission bounds, the HTTP framing itself) raises a subclass of
+:class:`ProtocolError`. The server turns it into ``{"error": code, "detail": message}``
+with the class's ``status``; nothing of the request has touched the model by then. The
+same classes are raised on the client side when a neighbour's *response* fails
+validation. :data:`ERROR_CLASSES` lists every one; docs/protocol.md ("Errors") and
+peer/openapi.yaml list the same codes and statuses (``tests/peer/test_protocol_doc.py``).
 """
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ class UnknownPeer(ProtocolError):
 
 
 class Busy(ProtocolError):
-    """Both peers of a pair called each other at once; the smaller id declines its side."""
+    """Both peers of a pair called each other at once (the smaller id declines its side), or
+    the peer serves ``max_concurrent_exchanges`` exchanges already (answered before the
+    body is read)."""
 
     status = 409
     code = "busy"
@@ -123,6 +127,58 @@ class SlowBody(ProtocolError):
     code = "body_timeout"
 
 
+class Overloaded(ProtocolError):
+    """The peer holds its bound of open connections or of unauthenticated body bytes
+    (``peer.admission``): nothing of the request was kept; retry later."""
+
+    status = 429
+    code = "overloaded"
+
+
+class MalformedRequest(ProtocolError):
+    """The HTTP request itself cannot be parsed: request line, header syntax,
+    Content-Length or chunked framing (answered, then the connection is closed)."""
+
+    code = "malformed_request"
+
+
+class HeadersTooLarge(ProtocolError):
+    """The request line or a header field is too long, or there are too many fields."""
+
+    status = 431
+    code = "headers_too_large"
+
+
+class NotFound(ProtocolError):
+    """No endpoint at this path."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ProtocolError):
+    """The path exists but not with this method (the answer's ``Allow`` header lists those
+    it takes)."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+class ExpectationFailed(ProtocolError):
+    """An ``Expect`` header other than ``100-continue``."""
+
+    status = 417
+    code = "expectation_failed"
+
+
+class InternalError(ProtocolError):
+    """A bug in the peer, never the input's doing (the request changed nothing it was
+    refused for; the traceback is logged): please report it."""
+
+    status = 500
+    code = "internal_error"
+
+
 ERROR_CLASSES: tuple[type[ProtocolError], ...] = (
     MalformedBody,
     UnsupportedVersion,
@@ -138,5 +194,12 @@ ERROR_CLASSES: tuple[type[ProtocolError], ...] = (
     Busy,
     NotReady,
     SlowBody,
+    Overloaded,
+    MalformedRequest,
+    HeadersTooLarge,
+    NotFound,
+    MethodNotAllowed,
+    ExpectationFailed,
+    InternalError,
 )
 """Every error a peer answers with; docs/protocol.md and openapi.yaml list the same codes."""

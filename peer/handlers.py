@@ -37,10 +37,17 @@ class ServerHandlers(PairwiseExchange, SyncRound):
             return await self._pairwise_answer(envelope, vector)
         return await self._sync_answer(envelope, vector)
 
-    def on_join(self, peer_id: object, address: object) -> list[dict[str, Any]]:
-        """Serve ``POST /v1/join``: admit (or re-admit) the newcomer, answer with our view."""
+    def on_join(self, peer_id: str, address: str | None) -> list[dict[str, Any]]:
+        """Serve ``POST /v1/join``: admit (or re-admit) the newcomer, answer with our view.
+
+        The server has decoded the body strictly (``peer.strict_json``) and checked the
+        types (``id`` a string, ``address`` a string or null); the values are checked here:
+        ``invalid_sender`` for an id outside the pattern, ``malformed_body`` for an address
+        that is not ``HOST:PORT``, ``unknown_peer`` for this peer's own id. Nothing is
+        admitted unless every check passes.
+        """
         if not isinstance(peer_id, str):
-            raise InvalidSender(f"id must be a string, got {peer_id!r:.40}")
+            raise InvalidSender(f"id must be a string, got {type(peer_id).__name__}")
         check_sender(peer_id)
         if peer_id == self.peer_id:
             raise UnknownPeer(f"id {peer_id!r} is already this peer's id; pick another")
@@ -49,7 +56,7 @@ class ServerHandlers(PairwiseExchange, SyncRound):
                 check_address(address)
             except ValueError as error:
                 raise MalformedBody(str(error)) from None
-        self.membership.observe(peer_id, address if isinstance(address, str) else None)
+        self.membership.observe(peer_id, address)
         return self.membership.view()
 
     def peers_view(self) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The peer's HTTP server (aiohttp): endpoints, body caps, authentication, JSON errors.
+"""The peer's HTTP server (aiohttp): endpoints, admission, authentication, JSON errors.
 
 Endpoints (protocol version 1, see docs/protocol.md and peer/openapi.yaml):
 
@@ -11,33 +11,55 @@ Endpoints (protocol version 1, see docs/protocol.md and peer/openapi.yaml):
 ``GET  /metrics``           text        Prometheus exposition of this peer's registry (open)
 ==========================  ==========  ======================================================
 
-One wrapper (``protected``) runs before every model or membership handler: it
-refuses a body larger than the cap derived from the model size (413) --
-aiohttp's ``client_max_size`` is set to the same cap -- and, when the swarm has
-a secret, refuses unsigned, wrongly signed, stale or replayed requests (401);
-the handler gets the checked body as an argument. Every
-refusal is a :class:`~peer.errors.ProtocolError` answered as
-``{"error": code, "detail": message}``, and nothing has touched the model.
-Responses to signed requests are signed in turn (bound to the request's nonce).
+**Authenticate before you spend.** On every signed endpoint the ``Authorization`` header's
+form and timestamp window are checked before anything is reserved or a body byte read;
+a stream-signed header (``/v1/exchange``, ``/v1/state``) is verified whole at that point.
+Then, in this order and before the body is read: the body cap (``413``), and the bound of
+what the request would hold (:mod:`peer.admission`): an exchange slot (``409 busy``) for
+a model-sized body whose header is authentic or in an open swarm, or a share of the
+unauthenticated byte budget (``429 overloaded``) for a body that must be read before its
+digest signature can be checked (JSON control bodies, digest-signed exchanges). Bodies
+are read through their cap as they arrive (never read whole, then measured), each under
+the body deadline (``408 body_timeout``), and whatever was taken is given back when the
+request ends, however it ends. A model-sized answer is written while its slot is held,
+under the same deadline, so slow readers cannot pile up answers.
 
-At most ``service.max_concurrent_exchanges`` ``/v1/exchange`` requests are
-served at once; one more is answered ``409 busy`` *before its body is read*, so
-a peer never holds more than that many incoming model buffers however many
-callers arrive (the caller counts it as a sign of life, not a failure).
+**JSON errors everywhere.** Every refusal is a :class:`~peer.errors.ProtocolError`
+answered as ``{"error": code, "detail": message}``: the endpoints' own, aiohttp's HTTP
+errors (404, 405 with its ``Allow`` header, 417, 413) through :func:`http_error_response`,
+and, with the runner of :func:`make_runner`, requests aiohttp cannot parse (request line,
+headers, Content-Length: ``400 malformed_request``, ``431 headers_too_large``), logged as one
+line each. An exception escaping a handler is a bug: ``500 internal_error``, traceback logged.
+
+Responses to signed requests are signed in turn (bound to the request's nonce).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
+import time
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.streams import StreamReader as HttpStream
+from aiohttp.web_request import BaseRequest
 
+from peer.admission import (
+    DEFAULT_BODY_TIMEOUT_S,
+    MAX_JSON_BYTES,
+    ByteAccount,
+    ByteBudget,
+    ServerLimits,
+    Slots,
+)
 from peer.auth import (
     SCHEME,
     STREAM_SCHEME,
@@ -49,21 +71,73 @@ from peer.auth import (
 )
 from peer.body import MSGPACK, ArenaPool, EnvelopeBody, read_envelope_object
 from peer.codecs import Codec
-from peer.errors import BodyTooLarge, Busy, MalformedBody, ProtocolError, SlowBody, Unauthorized
+from peer.errors import (
+    BodyTooLarge,
+    Busy,
+    ExpectationFailed,
+    HeadersTooLarge,
+    InternalError,
+    MalformedBody,
+    MalformedRequest,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    ProtocolError,
+    SlowBody,
+    Unauthorized,
+)
 from peer.metrics import PeerMetrics
+from peer.strict_json import expect_object, loads
 from peer.threads import in_thread
-from peer.wire import Envelope, ModelSpec, check_envelope, envelope_object, pack_envelope
+from peer.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_envelope, envelope_object
+
+__all__ = [
+    "BODY_DEADLINE_S",
+    "MAX_JSON_BYTES",
+    "OPEN_PATHS",
+    "SERVER_STATE",
+    "ServerState",
+    "Service",
+    "build_app",
+    "error_response",
+    "http_error_response",
+    "make_runner",
+]
 
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/v1/status", "/metrics"})
 """Read-only endpoints that carry no model and answer without a signature (not wrapped)."""
-MAX_JSON_BYTES = 1 << 20
-"""Cap on a JSON control body (join)."""
+BODY_DEADLINE_S = DEFAULT_BODY_TIMEOUT_S
+"""Default for the time a request body may take to arrive (``Service.body_timeout_s``)."""
+LINGER_S = 10.0
+"""After refusing a request whose body was not read, how long aiohttp reads and drops the
+rest of it before it closes the connection (aiohttp's default): closing on a caller still
+sending resets the connection, and its kernel may drop the refusal unread."""
+
+HANDSHAKE_TIMEOUT_S = 60.0
+"""asyncio's TLS handshake timeout: a connection still opening after it has failed."""
+
+_HTTP_ERRORS: dict[int, type[ProtocolError]] = {
+    400: MalformedRequest,
+    404: NotFound,
+    405: MethodNotAllowed,
+    413: BodyTooLarge,
+    417: ExpectationFailed,
+    429: Overloaded,
+    431: HeadersTooLarge,
+}
+"""aiohttp's own HTTP errors, as the protocol error each is answered with."""
 
 
 class Service(Protocol):
-    """What the server needs from a peer (``peer.node.Peer`` implements it)."""
+    """What the server needs from a peer (``peer.node.Peer`` implements it).
+
+    Read where present (:meth:`peer.admission.ServerLimits.of` and below):
+    ``body_timeout_s``, ``max_connections``, ``max_unauthenticated_bytes``,
+    ``idle_timeout_s``, ``retains_messages`` (received messages outlive their request:
+    no reused receive buffers) and ``pin_buffers`` (page-locked receive buffers).
+    """
 
     peer_id: str
     spec: ModelSpec
@@ -77,7 +151,7 @@ class Service(Protocol):
 
     async def on_exchange(self, envelope: Envelope, vector: torch.Tensor) -> Envelope: ...
 
-    def on_join(self, peer_id: object, address: object) -> list[dict[str, Any]]: ...
+    def on_join(self, peer_id: str, address: str | None) -> list[dict[str, Any]]: ...
 
     def peers_view(self) -> list[dict[str, Any]]: ...
 
@@ -88,43 +162,42 @@ class Service(Protocol):
     def render_metrics(self) -> bytes: ...
 
 
+@dataclass
+class ServerState:
+    """What one app's admission holds right now (``app[SERVER_STATE]``; tests and benches)."""
+
+    limits: ServerLimits
+    slots: Slots
+    budget: ByteBudget
+
+
+SERVER_STATE = web.AppKey("gossipnet_server_state", ServerState)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BodyHandler = Callable[[web.Request, bytes], Awaitable[web.Response]]
 EnvelopeHandler = Callable[[web.Request, Any, Any], Awaitable[Envelope]]
 
-BODY_DEADLINE_S = 120.0
-"""Default for the time a request body may take to arrive (``Service.body_timeout_s``)."""
+
+def error_response(error: ProtocolError, headers: dict[str, str] | None = None) -> web.Response:
+    """``{"error": code, "detail": message}`` with the error's status."""
+    return web.json_response(error.to_json(), status=error.status, headers=headers)
 
 
-def error_response(error: ProtocolError) -> web.Response:
-    return web.json_response(error.to_json(), status=error.status)
-
-
-def msgpack_response(envelope: Envelope) -> web.Response:
-    return web.Response(body=pack_envelope(envelope), content_type=MSGPACK)
-
-
-async def _read_body(request: web.Request, cap: int) -> bytes:
-    """The request body, at most ``cap`` bytes (the caller checked Content-Length).
-
-    With a Content-Length the body is read in one ``readexactly`` (one copy, where
-    ``request.read()`` makes two); a chunked body goes through ``request.read()``,
-    which aiohttp cuts off at ``client_max_size`` (the same cap).
-    """
-    length = request.content_length
-    if length == 0:
-        return b""
-    if length is None:
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(f"body exceeds the cap of {cap} bytes") from None
-    try:
-        return await request.content.readexactly(length)
-    except asyncio.IncompleteReadError as error:
-        raise MalformedBody(
-            f"body ended after {len(error.partial)} of {length} bytes (Content-Length)"
-        ) from None
+def http_error_response(request: BaseRequest, error: web.HTTPException) -> web.StreamResponse:
+    """aiohttp's HTTP error as the protocol's JSON error, keeping its headers (``Allow``)."""
+    kind = _HTTP_ERRORS.get(error.status)
+    detail = f"{request.method} {request.path}: {error.reason}"
+    body = (
+        kind(detail).to_json()
+        if kind is not None
+        else {"error": error.reason.lower().replace(" ", "_"), "detail": detail}
+    )
+    keep = {
+        name: value
+        for name, value in error.headers.items()
+        if name.lower() not in ("content-type", "content-length")
+    }
+    return web.json_response(body, status=error.status, headers=keep)
 
 
 def _digest_of(pieces: list[Any]) -> str:
@@ -134,14 +207,49 @@ def _digest_of(pieces: list[Any]) -> str:
     return sha.hexdigest()
 
 
-def build_app(service: Service) -> web.Application:
-    """The aiohttp application serving ``service``'s endpoints."""
+def _has_body(request: web.Request) -> bool:
+    length = request.content_length
+    return bool(length) or (length is None and request.body_exists)
 
-    in_flight = 0  # exchanges being served (one event loop: a plain counter is exact)
-    body_timeout_s = float(getattr(service, "body_timeout_s", BODY_DEADLINE_S))
+
+async def _read_json_body(
+    stream: HttpStream, *, length: int | None, cap: int, account: ByteAccount, deadline_s: float
+) -> bytes:
+    """A JSON control body, at most ``cap`` bytes, every chunk charged to ``account`` as it
+    arrives (so a large or slow body holds no more than it sent, within the budget)."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(deadline_s):
+            while chunk := await stream.readany():
+                if len(body) + len(chunk) > cap:
+                    raise BodyTooLarge(f"body exceeds the cap of {cap} bytes")
+                account.charge(len(chunk))
+                body += chunk
+    except TimeoutError:
+        raise SlowBody(f"body not received within {deadline_s:g} s") from None
+    except (ConnectionError, web.RequestPayloadError, HttpProcessingError) as error:
+        raise MalformedBody(f"body broken off: {error}") from None
+    if length is not None and len(body) != length:
+        raise MalformedBody(f"body ended after {len(body)} of {length} bytes (Content-Length)")
+    return bytes(body)
+
+
+def build_app(service: Service, limits: ServerLimits | None = None) -> web.Application:
+    """The aiohttp application serving ``service``'s endpoints within ``limits`` (default:
+    :meth:`~peer.admission.ServerLimits.of` the service). Serve it with :func:`make_runner`
+    for the connection bound and JSON answers to unparseable requests."""
+    limits = ServerLimits.of(service) if limits is None else limits
+    deadline_s = limits.body_timeout_s
+    slots = Slots(limits.max_concurrent_exchanges)
+    budget = ByteBudget(limits.max_unauthenticated_bytes)
     arenas = ArenaPool(
-        service.max_concurrent_exchanges, pin=bool(getattr(service, "pin_buffers", False))
+        limits.max_concurrent_exchanges, pin=bool(getattr(service, "pin_buffers", False))
     )
+
+    def _refused(request: web.Request, error: ProtocolError) -> web.Response:
+        service.metrics.errors(code=error.code).inc()
+        logger.info("%s %s refused: %s", request.method, request.path, error.detail)
+        return error_response(error)
 
     def _sign(response: web.Response, nonce: str | None) -> web.Response:
         body_out = response.body
@@ -153,156 +261,141 @@ def build_app(service: Service) -> web.Application:
                 )
         return response
 
-    def protected(handler: BodyHandler) -> Handler:
-        """Run the protocol checks, then ``handler(request, body)``; sign what it answers
-        (JSON control endpoints: bodies of at most ``MAX_JSON_BYTES``, digest-signed)."""
+    def _check_json_header(request: web.Request) -> None:
+        if service.verifier is not None:
+            service.verifier.check_form(request.headers)
+            if is_streamed(request.headers):
+                raise Unauthorized(
+                    f"{request.path} takes digest-signed requests ({SCHEME}), not {STREAM_SCHEME}"
+                )
+
+    def protected(handler: BodyHandler, *, takes_body: bool) -> Handler:
+        """The JSON control endpoints: header form and clock checked first; a body (join) is
+        read through ``MAX_JSON_BYTES`` and the unauthenticated byte budget as it arrives,
+        under the body deadline, then the digest signature is checked; the answer is
+        signed. ``takes_body=False`` (a GET) refuses any body before reading it."""
 
         async def checked(request: web.Request) -> web.StreamResponse:
             nonce = None
             response: web.Response
             try:
-                if service.verifier is not None:
-                    service.verifier.check_form(request.headers)
-                    if is_streamed(request.headers):
-                        raise Unauthorized(
-                            f"{request.path} takes digest-signed requests ({SCHEME}), "
-                            f"not {STREAM_SCHEME}"
+                with budget.account() as account:
+                    _check_json_header(request)
+                    length = request.content_length
+                    body = b""
+                    if not takes_body:
+                        if _has_body(request):
+                            raise MalformedBody(f"{request.method} {request.path} takes no body")
+                    elif length is not None and length > MAX_JSON_BYTES:
+                        raise BodyTooLarge(f"body has {length} bytes, the cap is {MAX_JSON_BYTES}")
+                    elif _has_body(request):
+                        body = await _read_json_body(
+                            request.content,
+                            length=length,
+                            cap=MAX_JSON_BYTES,
+                            account=account,
+                            deadline_s=deadline_s,
                         )
-                length = request.content_length
-                if length is not None and length > service.max_body_bytes:
-                    raise BodyTooLarge(
-                        f"body has {length} bytes, the cap is {service.max_body_bytes}"
-                    )
-                async with asyncio.timeout(body_timeout_s):
-                    body = await _read_body(request, service.max_body_bytes)
-                if service.verifier is not None:
-                    nonce = service.verifier.verify(
-                        request.method, request.path_qs, request.headers, body
-                    )
-                service.metrics.bytes(direction="in").inc(len(body))
-                response = await handler(request, body)
+                    if service.verifier is not None:
+                        nonce = service.verifier.verify(
+                            request.method, request.path_qs, request.headers, body
+                        )
+                    service.metrics.bytes(direction="in").inc(len(body))
+                    response = await handler(request, body)
             except ProtocolError as error:
                 response = _refused(request, error)
-            except TimeoutError:
-                response = _refused(
-                    request, SlowBody(f"body not received within {body_timeout_s:g} s")
-                )
             return _sign(response, nonce)
 
         return checked
 
-    def _refused(request: web.Request, error: ProtocolError) -> web.Response:
-        service.metrics.errors(code=error.code).inc()
-        logger.info("%s %s refused: %s", request.method, request.path, error.detail)
-        return error_response(error)
+    async def _read_envelope(
+        request: web.Request, *, arena: torch.Tensor | None, tag_key: bytes | None, digest: bool
+    ) -> tuple[Any, str | None]:
+        try:
+            async with asyncio.timeout(deadline_s):
+                return await read_envelope_object(
+                    request.content,
+                    length=request.content_length,
+                    cap=service.max_body_bytes,
+                    arena=arena,
+                    tag_key=tag_key,
+                    digest=digest,
+                )
+        except TimeoutError:
+            raise SlowBody(f"body not received within {deadline_s:g} s") from None
+        except (ConnectionError, web.RequestPayloadError, HttpProcessingError) as error:
+            raise MalformedBody(f"body broken off: {error}") from None
 
-    def streamed(handler: EnvelopeHandler, *, bounded: bool) -> Handler:
-        """The model-sized endpoints: authenticate before spending (header signature and
-        clock window checked before an exchange slot is taken or a byte of body is read),
-        read the body as it streams (into a reused buffer where the service allows),
-        answer with a streamed envelope, signed as the request was.
+    def _busy() -> Busy:
+        return Busy(f"{slots.in_use} exchanges in progress, the bound is {slots.size}; retry later")
 
-        ``bounded``: count the request against ``max_concurrent_exchanges`` (409 busy
-        beyond it, before the body is read).
-        """
-
-        async def checked(request: web.Request) -> web.StreamResponse:
-            nonlocal in_flight
-            nonce = None
-            stream = False
-            counted = False
-            arena = None
-            length = request.content_length
-            try:
-                if service.verifier is not None:
+    async def exchange_endpoint(request: web.Request) -> web.StreamResponse:
+        """``POST /v1/exchange``: authenticate, admit (slot or budget), read as it streams
+        (into a reused buffer where the service allows), answer within the slot."""
+        nonce = None
+        stream = False
+        slot = False
+        arena = None
+        length = request.content_length
+        try:
+            with budget.account() as account:
+                verifier = service.verifier
+                if verifier is not None:
                     stream = is_streamed(request.headers)
                     if stream:
-                        nonce = service.verifier.verify_stream(
+                        nonce = verifier.verify_stream(
                             request.method, request.path_qs, request.headers, length or 0
                         )
                     else:
-                        service.verifier.check_form(request.headers)
+                        verifier.check_form(request.headers)
                 if length is not None and length > service.max_body_bytes:
                     raise BodyTooLarge(
                         f"body has {length} bytes, the cap is {service.max_body_bytes}"
                     )
-                if bounded:
-                    if in_flight >= service.max_concurrent_exchanges:
-                        raise Busy(
-                            f"{in_flight} exchanges in progress, the bound is "
-                            f"{service.max_concurrent_exchanges}; retry later"
+                if not _has_body(request):
+                    raise MalformedBody("an exchange needs a body (the caller's envelope)")
+                unverified = verifier is not None and not stream
+                if unverified:
+                    # read before its digest can be checked: held under the byte budget
+                    need = length if length is not None else service.max_body_bytes
+                    if need > budget.capacity:
+                        raise BodyTooLarge(
+                            f"a digest-signed body is read before its signature can be "
+                            f"checked: at most {budget.capacity} bytes, got {need}; sign "
+                            f"larger bodies with {STREAM_SCHEME}"
                         )
-                    in_flight += 1
-                    counted = True
-                reuse = length is not None and not getattr(service, "retains_messages", True)
-                obj: Any = None
-                if length or (length is None and request.body_exists):
-                    if reuse and length is not None:
-                        arena = arenas.take(length)
-                    tag_key = None
-                    if stream and nonce is not None and service.verifier is not None:
-                        tag_key = service.verifier.body_key(nonce, "request")
-                    async with asyncio.timeout(body_timeout_s):
-                        obj, digest = await read_envelope_object(
-                            request.content,
-                            length=length,
-                            cap=service.max_body_bytes,
-                            arena=arena,
-                            tag_key=tag_key,
-                            digest=service.verifier is not None and not stream,
-                        )
-                    service.metrics.bytes(direction="in").inc(length or 0)
+                    account.charge(need)
                 else:
-                    digest = hashlib.sha256(b"").hexdigest()
-                if service.verifier is not None and not stream:
-                    assert digest is not None
-                    nonce = service.verifier.verify_digest(
+                    slots.take_now(_busy())
+                    slot = True
+                    if length is not None and not getattr(service, "retains_messages", True):
+                        arena = arenas.take(length)
+                tag_key = None
+                if stream and nonce is not None and verifier is not None:
+                    tag_key = verifier.body_key(nonce, "request")
+                obj, digest = await _read_envelope(
+                    request, arena=arena, tag_key=tag_key, digest=unverified
+                )
+                service.metrics.bytes(direction="in").inc(length or 0)
+                if unverified:
+                    assert verifier is not None and digest is not None
+                    nonce = verifier.verify_digest(
                         request.method, request.path_qs, request.headers, digest
                     )
-                reply = await handler(request, obj, arena)
-            except ProtocolError as error:
-                return _sign(_refused(request, error), nonce)
-            except TimeoutError:
-                slow = SlowBody(f"body not received within {body_timeout_s:g} s")
-                return _sign(_refused(request, slow), nonce)
-            finally:
-                if counted:
-                    in_flight -= 1
-                if arena is not None:
-                    arenas.give(arena)
-            return await _envelope_response(reply, nonce, stream)
+                    slots.take_now(_busy())
+                    slot = True
+                reply = await _exchange(obj)
+                return await _send_envelope(request, reply, nonce, stream)
+        except ProtocolError as error:
+            return _sign(_refused(request, error), nonce)
+        finally:
+            if slot:
+                slots.give()
+            if arena is not None:
+                arenas.give(arena)
 
-        return checked
-
-    async def _envelope_response(
-        reply: Envelope, nonce: str | None, stream: bool
-    ) -> web.StreamResponse:
-        signing = service.secret is not None and nonce is not None
-        tag_key = body_key(service.secret, nonce, "response", 200) if signing and stream else None  # type: ignore[arg-type]
-        body = EnvelopeBody(envelope_object(reply), tag_key=tag_key)
-        response = web.Response(body=body, status=200)
-        if signing and not stream:
-            digest = await asyncio.to_thread(_digest_of, body.pieces)
-            response.headers.update(
-                sign_response_digest(service.secret, 200, nonce, digest)  # type: ignore[arg-type]
-            )
-        service.metrics.bytes(direction="out").inc(body.size or 0)
-        return response
-
-    @web.middleware
-    async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Unknown paths and methods answer in the same JSON error shape."""
+    async def _exchange(obj: Any) -> Envelope:
         try:
-            return await handler(request)
-        except web.HTTPException as error:
-            code = error.reason.lower().replace(" ", "_")
-            detail = f"{request.method} {request.path}: {error.reason}"
-            return web.json_response({"error": code, "detail": detail}, status=error.status)
-
-    async def exchange(request: web.Request, obj: Any, arena: Any) -> Envelope:
-        try:
-            if obj is None:
-                raise MalformedBody("an exchange needs a body (the caller's envelope)")
             envelope = check_envelope(obj, codecs=service.codecs)
             if envelope.sender == service.peer_id:
                 raise MalformedBody(f"sender {envelope.sender!r} is this peer's own id")
@@ -315,25 +408,110 @@ def build_app(service: Service) -> web.Application:
         service.metrics.exchanges(role="callee", outcome="ok").inc()
         return reply
 
-    async def join(request: web.Request, body: bytes) -> web.Response:
-        if len(body) > MAX_JSON_BYTES:
-            raise BodyTooLarge(f"join body has {len(body)} bytes, the cap is {MAX_JSON_BYTES}")
+    async def state_endpoint(request: web.Request) -> web.StreamResponse:
+        """``GET /v1/state``: verified whole before anything (it has no body), then it waits
+        for a slot (a snapshot of the model is one model copy) up to the body deadline."""
+        nonce = None
+        stream = False
+        slot = False
         try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise MalformedBody('join body must be JSON {"id": ..., "address": ...}') from None
-        if not isinstance(obj, dict) or set(obj) != {"id", "address"}:
-            raise MalformedBody("join body must be a JSON object with exactly id and address")
-        view = service.on_join(obj["id"], obj["address"])
-        return web.json_response({"v": 1, "id": service.peer_id, "peers": view})
+            verifier = service.verifier
+            if verifier is not None:
+                stream = is_streamed(request.headers)
+                if stream:
+                    nonce = verifier.verify_stream(
+                        request.method, request.path_qs, request.headers, 0
+                    )
+                else:
+                    verifier.check_form(request.headers)
+            if _has_body(request):
+                raise MalformedBody("GET /v1/state takes no body")
+            if verifier is not None and not stream:
+                empty = hashlib.sha256(b"").hexdigest()
+                nonce = verifier.verify_digest(
+                    request.method, request.path_qs, request.headers, empty
+                )
+            try:
+                await slots.take(deadline_s)
+            except TimeoutError:
+                raise Busy(
+                    f"no exchange slot freed within {deadline_s:g} s (the bound is "
+                    f"{slots.size}); retry later"
+                ) from None
+            slot = True
+            reply = await service.state_envelope()
+            return await _send_envelope(request, reply, nonce, stream)
+        except ProtocolError as error:
+            return _sign(_refused(request, error), nonce)
+        finally:
+            if slot:
+                slots.give()
+
+    async def _send_envelope(
+        request: web.Request, reply: Envelope, nonce: str | None, stream: bool
+    ) -> web.StreamResponse:
+        """Write ``reply`` now (the caller holds its slot until it is written), signed as the
+        request was, under the body deadline; a reader too slow for it is cut off."""
+        signing = service.secret is not None and nonce is not None
+        tag_key = None
+        if signing and stream:
+            tag_key = body_key(service.secret, nonce, "response", 200)  # type: ignore[arg-type]
+        body = EnvelopeBody(envelope_object(reply), tag_key=tag_key)
+        response = web.StreamResponse(status=200)
+        response.content_type = MSGPACK
+        response.content_length = body.size
+        if signing and not stream:
+            digest = await asyncio.to_thread(_digest_of, body.pieces)
+            response.headers.update(
+                sign_response_digest(service.secret, 200, nonce, digest)  # type: ignore[arg-type]
+            )
+        service.metrics.bytes(direction="out").inc(body.size or 0)
+        try:
+            async with asyncio.timeout(deadline_s):
+                writer: AbstractStreamWriter | None = await response.prepare(request)
+                if writer is not None:
+                    await body.write(writer)
+                await response.write_eof()
+        except (TimeoutError, ConnectionError) as error:
+            logger.info(
+                "%s %s: answer not taken within %g s (%s); connection closed",
+                request.method,
+                request.path,
+                deadline_s,
+                type(error).__name__,
+            )
+            if request.transport is not None:
+                request.transport.abort()
+        finally:
+            body.pieces = []  # the answer's memory goes with the slot
+        return response
+
+    @web.middleware
+    async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Unknown paths and methods (and any other HTTP error) answer in the JSON error
+        shape; an unexpected exception is a bug: ``500 internal_error``, logged."""
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            return http_error_response(request, error)
+        except Exception:
+            logger.exception("%s %s: unexpected error (a bug)", request.method, request.path)
+            return error_response(InternalError("unexpected error in the peer (logged)"))
+
+    async def join(request: web.Request, body: bytes) -> web.Response:
+        obj = loads(body, what="join body", max_bytes=MAX_JSON_BYTES)
+        fields = expect_object(
+            obj, what="join body", required={"id": str, "address": (str, type(None))}
+        )
+        view = service.on_join(fields["id"], fields["address"])
+        return web.json_response({"v": PROTOCOL_VERSION, "id": service.peer_id, "peers": view})
 
     async def peers(request: web.Request, body: bytes) -> web.Response:
-        return web.json_response({"v": 1, "id": service.peer_id, "peers": service.peers_view()})
-
-    async def state(request: web.Request, obj: Any, arena: Any) -> Envelope:
-        if obj is not None:
-            raise MalformedBody("GET /v1/state takes no body")
-        return await service.state_envelope()
+        return web.json_response(
+            {"v": PROTOCOL_VERSION, "id": service.peer_id, "peers": service.peers_view()}
+        )
 
     async def status(request: web.Request) -> web.StreamResponse:
         return web.json_response(service.status())
@@ -344,14 +522,201 @@ def build_app(service: Service) -> web.Application:
         )
 
     app = web.Application(middlewares=[json_errors], client_max_size=service.max_body_bytes)
+    app[SERVER_STATE] = ServerState(limits=limits, slots=slots, budget=budget)
     app.add_routes(
         [
-            web.post("/v1/exchange", streamed(exchange, bounded=True)),
-            web.post("/v1/join", protected(join)),
-            web.get("/v1/peers", protected(peers)),
-            web.get("/v1/state", streamed(state, bounded=False)),
+            web.post("/v1/exchange", exchange_endpoint),
+            web.post("/v1/join", protected(join, takes_body=True)),
+            web.get("/v1/peers", protected(peers, takes_body=False), allow_head=False),
+            web.get("/v1/state", state_endpoint, allow_head=False),
             web.get("/v1/status", status),
             web.get("/metrics", metrics),
         ]
     )
     return app
+
+
+# ---------------------------------------------------------------------- the connection layer
+
+
+def _parse_error(status: int, exc: BaseException | None, message: str | None) -> ProtocolError:
+    """The protocol error for what aiohttp's ``RequestHandler.handle_error`` is handed."""
+    if status >= 500:
+        return InternalError("unexpected error in the peer (logged)")
+    text = str(getattr(exc, "message", None) or message or exc or "unparseable request")
+    text = " ".join(text.split())[:200]
+    if isinstance(exc, LineTooLong) or status == 431 or "too many headers" in text.lower():
+        return HeadersTooLarge(f"request line or headers too large: {text}")
+    kind = _HTTP_ERRORS.get(status, MalformedRequest)
+    return kind(f"HTTP request not understood: {text}")
+
+
+class JsonErrorRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering what it cannot parse in JSON.
+
+    aiohttp answers a request it cannot parse (request line, headers, framing) through
+    ``RequestHandler.handle_error`` with a text body and a logged traceback; here it is
+    the protocol's JSON error, logged as one line (a traceback only for a 5xx: a bug).
+    """
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        error = _parse_error(status, exc, message)
+        if error.status >= 500:
+            logger.error("request from %s failed (a bug)", request.remote, exc_info=exc)
+        else:
+            logger.info("refused a request from %s: %s", request.remote, error.detail)
+        if request.writer.output_size > 0:  # an answer was under way: the connection is lost
+            raise ConnectionError("the answer was already started")
+        response = error_response(error)
+        response.force_close()
+        return response
+
+
+class _RefusedConnection(asyncio.Protocol):
+    """A connection over the bound: answered ``429 overloaded`` at once, then closed."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(self.answer)
+        transport.close()
+
+
+def _refusal_bytes(error: ProtocolError) -> bytes:
+    body = error_response(error).text or ""
+    payload = body.encode()
+    head = (
+        f"HTTP/1.1 {error.status} Too Many Requests\r\n"
+        "Content-Type: application/json; charset=utf-8\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+class PeerServer(web.Server):
+    """aiohttp's low-level server with a bound on open connections and JSON parse errors.
+
+    A connection opened while ``max_connections`` are open (counting those still in their
+    TLS handshake) is answered ``429 overloaded`` and closed before anything is parsed;
+    the others get a :class:`JsonErrorRequestHandler`.
+    """
+
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        max_connections: int,
+        on_refused: Callable[[], None] = lambda: None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.on_refused = on_refused
+        self.refused = 0
+        self._handler_options = {
+            k: v for k, v in kwargs.items() if k not in ("request_factory", "loop")
+        }
+        self._handler_options.pop("handler_cancellation", None)
+        # handlers made but not connected yet (a TLS handshake), with when they were made
+        self._opening: weakref.WeakKeyDictionary[web.RequestHandler, float] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._answer = _refusal_bytes(
+            Overloaded(f"this peer has {max_connections} connections open, the bound; retry later")
+        )
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open or opening (a TLS handshake in progress, for at most asyncio's
+        handshake timeout: one that failed is forgotten then, if not collected before)."""
+        oldest = time.monotonic() - HANDSHAKE_TIMEOUT_S
+        for handler, made in list(self._opening.items()):
+            if made < oldest:
+                self._opening.pop(handler, None)
+        return len(self.connections) + len(self._opening)
+
+    def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
+        self._opening.pop(handler, None)
+        super().connection_made(handler, transport)
+
+    def __call__(self) -> Any:  # asyncio's protocol factory
+        if self.open_connections >= self.max_connections:
+            self.refused += 1
+            self.on_refused()
+            return _RefusedConnection(self._answer)
+        handler = JsonErrorRequestHandler(
+            self, loop=asyncio.get_running_loop(), **self._handler_options
+        )
+        self._opening[handler] = time.monotonic()
+        return handler
+
+
+class PeerRunner(web.AppRunner):
+    """An ``AppRunner`` whose server is a :class:`PeerServer` (see :func:`make_runner`)."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        max_connections: int,
+        on_refused: Callable[[], None] = lambda: None,
+        **handler_options: Any,
+    ) -> None:
+        super().__init__(app, **handler_options)
+        self._max_connections = max_connections
+        self._on_refused = on_refused
+        self._handler_options = handler_options
+
+    async def _make_server(self) -> web.Server:
+        # aiohttp's own: runs the app's startup hooks and freezes it; its handler and
+        # request factory are then served by a PeerServer instead
+        plain = await super()._make_server()
+        inner = plain.request_handler
+
+        async def handle(request: BaseRequest) -> web.StreamResponse:
+            try:
+                return await inner(request)
+            except web.HTTPException as error:  # raised before the middlewares (Expect)
+                if error.status < 400:
+                    raise
+                return http_error_response(request, error)
+
+        return PeerServer(
+            handle,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            max_connections=self._max_connections,
+            on_refused=self._on_refused,
+            **self._handler_options,
+        )
+
+
+def make_runner(service: Service, limits: ServerLimits | None = None) -> web.AppRunner:
+    """The runner serving ``service`` (``await runner.setup()``, then a ``web.TCPSite``):
+    :func:`build_app` within ``limits`` (default :meth:`ServerLimits.of` the service),
+    served with the connection bound, the idle and header deadline, aiohttp's header
+    parser bounds, and JSON answers to requests aiohttp cannot parse."""
+    limits = ServerLimits.of(service) if limits is None else limits
+
+    def refused() -> None:
+        service.metrics.errors(code=Overloaded.code).inc()
+
+    return PeerRunner(
+        build_app(service, limits),
+        max_connections=limits.max_connections,
+        on_refused=refused,
+        access_log=None,
+        keepalive_timeout=limits.idle_timeout_s,
+        lingering_time=LINGER_S,
+        max_line_size=limits.max_field_bytes,
+        max_field_size=limits.max_field_bytes,
+        max_headers=limits.max_headers,
+    )

@@ -1,16 +1,31 @@
-"""A peer serves at most ``max_concurrent_exchanges`` exchanges at once (real servers)."""
+"""A peer's server admits within its bounds (``peer.admission``): exchange slots, the
+unauthenticated byte budget, and the limits' validation; slots come back however a request
+ends (real servers on 127.0.0.1)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 
+from peer import auth
+from peer.admission import (
+    MAX_JSON_BYTES,
+    ByteBudget,
+    LimitError,
+    ServerLimits,
+    Slots,
+    default_max_connections,
+)
 from peer.client import RemoteRefused
+from peer.errors import Busy, Overloaded
 from peer.node import Peer
+from peer.server import SERVER_STATE
 from peer.wire import Envelope
 
-from .conftest import started_peer
+from .conftest import SECRET, started_peer
+from .test_server import envelope_body, good, served_peer
 
 
 async def _call(caller: Peer, callee: Peer) -> Envelope:
@@ -51,3 +66,133 @@ async def test_concurrent_callers_up_to_the_bound_are_all_served() -> None:
         ):
             replies = await asyncio.gather(*(_call(p, a) for p in (b, c, d)))
         assert [r.sender for r in replies] == ["a", "a", "a"]
+
+
+@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+async def test_an_answer_nobody_reads_holds_its_slot_only_until_the_deadline() -> None:
+    """The answer is written while its slot is held: a caller that never reads an answer
+    larger than the socket buffers keeps the slot until the body deadline cuts the
+    connection, and then the slot is free again."""
+    async with served_peer(
+        "callee",
+        width=1 << 21,  # 4M parameters: a 16 MB answer
+        secret=None,
+        max_concurrent_exchanges=1,
+        request_timeout_s=1.5,
+    ) as served:
+        slots = served.runner.app[SERVER_STATE].slots  # type: ignore[attr-defined]
+        host, port = served.address.split(":")
+        body = envelope_body(good(served.peer))
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        await writer.drain()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while not slots.in_use and loop.time() - start < 10:
+            await asyncio.sleep(0.01)
+        assert slots.in_use == 1
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://{served.address}/v1/status") as response,
+        ):
+            assert response.status == 200  # the event loop is free meanwhile
+        assert slots.in_use == 1  # the unread answer still holds it
+        while slots.in_use and loop.time() - start < 10:
+            await asyncio.sleep(0.05)
+        assert slots.in_use == 0  # freed by the 1.5 s deadline (the test never reads)
+        assert loop.time() - start < 6
+        try:
+            got = await asyncio.wait_for(reader.read(), 5)
+        except ConnectionResetError:
+            got = b""
+        assert len(got) < served.peer.spec.num_bytes  # the answer was cut off, never whole
+        writer.close()
+
+
+async def test_state_waits_for_a_slot_instead_of_busy() -> None:
+    async with served_peer("callee", max_concurrent_exchanges=1) as served:
+        slots = served.runner.app[SERVER_STATE].slots  # type: ignore[attr-defined]
+        slots.take_now(Busy("test"))  # an exchange in flight
+        headers = auth.sign_request(SECRET, "GET", "/v1/state", b"", receiver="callee")
+        async with aiohttp.ClientSession() as session:
+            fetch = asyncio.create_task(
+                session.get(f"http://{served.address}/v1/state", headers=headers)
+            )
+            await asyncio.sleep(0.3)
+            assert not fetch.done()  # queued behind the exchange, not refused
+            slots.give()
+            response = await asyncio.wait_for(fetch, 5)
+            assert response.status == 200
+            await response.read()
+        assert slots.in_use == 0
+
+
+async def test_slots_take_now_refuses_when_full_and_hands_over_in_order() -> None:
+    slots = Slots(1)
+    slots.take_now(Busy("x"))
+    with pytest.raises(Busy):
+        slots.take_now(Busy("full"))
+    first = asyncio.create_task(slots.take(5))
+    second = asyncio.create_task(slots.take(5))
+    await asyncio.sleep(0)
+    with pytest.raises(Busy):  # others queue: no jumping the line
+        slots.take_now(Busy("queued"))
+    slots.give()
+    await asyncio.wait_for(first, 1)
+    assert not second.done() and slots.in_use == 1
+    slots.give()
+    await asyncio.wait_for(second, 1)
+    slots.give()
+    assert slots.in_use == 0
+
+
+async def test_a_slot_wait_times_out_and_leaves_nothing_behind() -> None:
+    slots = Slots(1)
+    slots.take_now(Busy("x"))
+    with pytest.raises(TimeoutError):
+        await slots.take(0.05)
+    slots.give()
+    assert slots.in_use == 0
+    slots.take_now(Busy("free again"))
+    assert slots.in_use == 1
+
+
+def test_the_byte_budget_charges_refuses_and_returns() -> None:
+    budget = ByteBudget(100)
+    with budget.account() as first:
+        first.charge(60)
+        with budget.account() as second:
+            second.charge(40)
+            with pytest.raises(Overloaded, match="the bound is 100"):
+                second.charge(1)
+        assert budget.held == 60
+    assert budget.held == 0 and budget.peak == 100
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_connections", 0),
+        ("max_connections", True),
+        ("max_concurrent_exchanges", 1.5),
+        ("max_unauthenticated_bytes", MAX_JSON_BYTES - 1),
+        ("body_timeout_s", 0),
+        ("idle_timeout_s", float("nan")),
+        ("max_headers", -1),
+    ],
+)
+def test_limits_refuse_bad_values_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(LimitError, match=f"ServerLimits.{field}") as error:
+        ServerLimits(**{field: value})  # type: ignore[arg-type]
+    assert isinstance(error.value, ValueError)
+
+
+async def test_limits_are_derived_from_the_peer() -> None:
+    async with started_peer("a", max_concurrent_exchanges=3, request_timeout_s=7.0) as peer:
+        limits = ServerLimits.of(peer)
+    assert limits.max_concurrent_exchanges == 3
+    assert limits.max_connections == default_max_connections(3) == 44
+    assert limits.body_timeout_s == 7.0

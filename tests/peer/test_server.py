@@ -1,33 +1,92 @@
-"""The HTTP server against hostile and wrong requests: right 4xx, JSON body, model untouched."""
+"""The HTTP server against hostile and wrong requests: right 4xx, JSON body, model untouched.
+
+Every test runs a real peer served by ``peer.server.make_runner`` on 127.0.0.1 (the
+connection layer included: JSON answers to unparseable HTTP, header bounds) and checks that
+refused input leaves the model's bytes and the membership exactly as they were.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-import time
+import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import msgpack
 import pytest
 import torch
+from aiohttp import web
 
 from peer import auth, wire
+from peer.admission import ServerLimits
 from peer.codecs import DenseCodec
+from peer.config import PeerConfig
+from peer.errors import ERROR_CLASSES
 from peer.node import Peer
+from peer.server import make_runner
 
-from .conftest import SECRET, model_bytes, started_peer
+from .conftest import SECRET, make_model, model_bytes, sgd
+
+CODES = {cls.code: cls.status for cls in ERROR_CLASSES}
+
+
+@dataclass
+class Served:
+    """A started peer and the address its ``make_runner`` server listens on."""
+
+    peer: Peer
+    address: str
+    runner: web.AppRunner
+
+    def digest(self) -> str:
+        """The model's bytes and the membership, hashed: what refused input must not change."""
+        members = sorted((m.id, m.address or "") for m in self.peer.membership.members())
+        return hashlib.sha256(model_bytes(self.peer) + repr(members).encode()).hexdigest()
+
+
+@asynccontextmanager
+async def served_peer(
+    peer_id: str,
+    seed: int = 0,
+    *,
+    width: int = 4,
+    limits: ServerLimits | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Served]:
+    """A started peer with a ``Linear(width, 2)`` model (``2 width + 2`` parameters), also
+    served through ``make_runner`` (within ``limits``, default the peer's) on its own port."""
+    overrides.setdefault("secret", SECRET)
+    overrides.setdefault("request_timeout_s", 5.0)
+    config = PeerConfig(peer_id=peer_id, **overrides)
+    peer = Peer(make_model(seed, width), sgd, torch.nn.functional.cross_entropy, [], config)
+    await peer.start()
+    try:
+        runner = make_runner(peer, limits)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield Served(peer, f"127.0.0.1:{runner.addresses[0][1]}", runner)
+        finally:
+            await runner.cleanup()
+    finally:
+        await peer.stop()
 
 
 @pytest.fixture
-async def peer() -> AsyncIterator[Peer]:
-    async with started_peer("callee", seed=1) as p:
-        yield p
+async def served() -> AsyncIterator[Served]:
+    async with served_peer("callee", seed=1) as s:
+        yield s
 
 
 def envelope_body(vector: torch.Tensor, **overrides: object) -> bytes:
     obj: dict[str, object] = {
-        "v": 1,
+        "v": wire.PROTOCOL_VERSION,
         "sender": "caller",
         "round": 0,
         "step": 0,
@@ -38,8 +97,12 @@ def envelope_body(vector: torch.Tensor, **overrides: object) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+def signed(served: Served, method: str, path: str, body: bytes, **kw: Any) -> dict[str, str]:
+    return auth.sign_request(SECRET, method, path, body, receiver=served.peer.peer_id, **kw)
+
+
 async def post(
-    peer: Peer,
+    served: Served,
     body: bytes,
     *,
     path: str = "/v1/exchange",
@@ -50,15 +113,23 @@ async def post(
     sent = (
         dict(headers)
         if headers is not None
-        else (auth.sign_request(secret, method, path, body) if secret is not None else {})
+        else (signed(served, method, path, body) if secret is not None else {})
     )
     async with (
         aiohttp.ClientSession() as session,
         session.request(
-            method, f"http://{peer.address}{path}", data=body, headers=sent
+            method, f"http://{served.address}{path}", data=body, headers=sent
         ) as response,
     ):
         return response.status, await response.read(), dict(response.headers)
+
+
+def error_of(status: int, data: bytes) -> str:
+    """The ``error`` code of a documented JSON error body (and its status agrees)."""
+    error = json.loads(data)
+    assert set(error) == {"error", "detail"} and error["detail"], error
+    assert CODES[error["error"]] == status, (status, error)
+    return str(error["error"])
 
 
 def good(peer: Peer) -> torch.Tensor:
@@ -82,6 +153,9 @@ CASES = {
     ),
     "unknown codec": (lambda p: envelope_body(good(p), codec="zstd"), 400, "unknown_codec"),
     "unknown version": (lambda p: envelope_body(good(p), v=99), 400, "unsupported_version"),
+    "version as a list": (lambda p: envelope_body(good(p), v=[1]), 400, None),
+    "version as a map": (lambda p: envelope_body(good(p), v={"a": 1}), 400, None),
+    "version as a float": (lambda p: envelope_body(good(p), v=1.0), 400, None),
     "bad sender": (lambda p: envelope_body(good(p), sender="a b"), 400, "invalid_sender"),
     "own id as sender": (lambda p: envelope_body(good(p), sender="callee"), 400, "malformed_body"),
     "negative round": (lambda p: envelope_body(good(p), round=-3), 400, "invalid_round"),
@@ -92,86 +166,101 @@ CASES = {
         422,
         "shape_mismatch",
     ),
+    "empty body": (lambda p: b"", 400, "malformed_body"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-async def test_bad_exchange_is_refused_and_model_is_untouched(peer: Peer, case: str) -> None:
+async def test_bad_exchange_is_refused_and_model_is_untouched(served: Served, case: str) -> None:
     build, status, code = CASES[case]
-    before = model_bytes(peer)
-    got_status, body, _ = await post(peer, build(peer))
+    before = served.digest()
+    got_status, body, _ = await post(served, build(served.peer))
     assert got_status == status, body
-    error = json.loads(body)
-    assert error["error"] == code and error["detail"]
-    assert model_bytes(peer) == before
+    got = error_of(got_status, body)
+    assert code is None or got == code
+    assert served.digest() == before
 
 
-async def test_oversized_body_gets_413_before_reading(peer: Peer) -> None:
-    before = model_bytes(peer)
+@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+async def test_oversized_body_gets_413_before_reading(served: Served) -> None:
+    peer = served.peer
+    before = served.digest()
     body = b"\x00" * (peer.max_body_bytes + 1)
-    status, data, _ = await post(peer, body)
-    assert status == 413 and json.loads(data)["error"] == "body_too_large"
+    status, data, _ = await post(served, body)
+    assert status == 413 and error_of(status, data) == "body_too_large"
 
     async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: capped while reading
         for _ in range(3):
             yield b"\x00" * peer.max_body_bytes
 
     async with aiohttp.ClientSession() as session:
-        headers = auth.sign_request(SECRET, "POST", "/v1/exchange", b"")
-        async with session.post(
-            f"http://{peer.address}/v1/exchange", data=chunks(), headers=headers
-        ) as response:
+        # an open swarm reads a chunked exchange into a slot: it is cut off at the cap
+        async with (
+            served_peer("open", secret=None) as open_peer,
+            session.post(f"http://{open_peer.address}/v1/exchange", data=chunks()) as response,
+        ):
             assert response.status == 413
             assert (await response.json())["error"] == "body_too_large"
-    assert model_bytes(peer) == before
+        # a digest-signed chunked body would be read unauthenticated: refused unread
+        headers = signed(served, "POST", "/v1/exchange", b"")
+        async with session.post(
+            f"http://{served.address}/v1/exchange", data=chunks(), headers=headers
+        ) as response:
+            assert response.status in (401, 413)
+            assert (await response.json())["error"] in ("unauthorized", "body_too_large")
+    assert served.digest() == before
 
 
-async def test_body_cap_is_derived_from_model_size(peer: Peer) -> None:
+async def test_body_cap_is_derived_from_model_size(served: Served) -> None:
+    peer = served.peer
     assert peer.max_body_bytes == 2 * peer.spec.num_bytes + wire.HEADER_ROOM
 
 
 AUTH_CASES = {
-    "unsigned": lambda body: {},
-    "wrong secret": lambda body: auth.sign_request(
-        b"not-the-swarm-secret!", "POST", "/v1/exchange", body
+    "unsigned": lambda s, body: {},
+    "wrong secret": lambda s, body: auth.sign_request(
+        b"not-the-swarm-secret!", "POST", "/v1/exchange", body, receiver="callee"
     ),
-    "signed for another path": lambda body: auth.sign_request(SECRET, "POST", "/v1/join", body),
-    "signed another body": lambda body: auth.sign_request(
-        SECRET, "POST", "/v1/exchange", body + b"x"
+    "signed for another path": lambda s, body: signed(s, "POST", "/v1/join", body),
+    "signed another body": lambda s, body: signed(s, "POST", "/v1/exchange", body + b"x"),
+    "signed for another peer": lambda s, body: auth.sign_request(
+        SECRET, "POST", "/v1/exchange", body, receiver="someone-else"
     ),
-    "stale": lambda body: auth.sign_request(
-        SECRET, "POST", "/v1/exchange", body, timestamp=int(time.time()) - 3600
+    "stale": lambda s, body: signed(
+        s, "POST", "/v1/exchange", body, timestamp=auth.now_ms() - 3_600_000
     ),
-    "garbage header": lambda body: {"Authorization": "gossipnet-hmac-sha256 nope"},
+    "garbage header": lambda s, body: {"Authorization": "gossipnet-hmac-sha256 nope"},
+    "non-ascii header": lambda s, body: {"Authorization": "gossipnet-hmac-sha256 é"},
 }
 
 
 @pytest.mark.parametrize("case", list(AUTH_CASES))
-async def test_unauthenticated_requests_get_401(peer: Peer, case: str) -> None:
-    body = envelope_body(good(peer))
-    before = model_bytes(peer)
-    status, data, _ = await post(peer, body, headers=AUTH_CASES[case](body))
+async def test_unauthenticated_requests_get_401(served: Served, case: str) -> None:
+    body = envelope_body(good(served.peer))
+    before = served.digest()
+    status, data, _ = await post(served, body, headers=AUTH_CASES[case](served, body))
     assert status == 401, data
-    assert json.loads(data)["error"] == "unauthorized"
-    assert model_bytes(peer) == before
+    assert error_of(status, data) == "unauthorized"
+    assert served.digest() == before
 
 
-async def test_replayed_request_gets_401(peer: Peer) -> None:
-    body = envelope_body(good(peer))
-    headers = auth.sign_request(SECRET, "POST", "/v1/exchange", body)
-    status, data, response_headers = await post(peer, body, headers=headers)
+async def test_replayed_request_gets_401(served: Served) -> None:
+    body = envelope_body(good(served.peer))
+    headers = signed(served, "POST", "/v1/exchange", body)
+    status, data, response_headers = await post(served, body, headers=headers)
     assert status == 200
     auth.verify_response(SECRET, 200, auth.request_nonce(headers), data, response_headers)
-    before = model_bytes(peer)
-    status, data, _ = await post(peer, body, headers=headers)
+    before = served.digest()
+    status, data, _ = await post(served, body, headers=headers)
     assert status == 401 and "replayed" in json.loads(data)["detail"]
-    assert model_bytes(peer) == before
+    assert served.digest() == before
 
 
-async def test_valid_exchange_averages_and_answers_the_average(peer: Peer) -> None:
+async def test_valid_exchange_averages_and_answers_the_average(served: Served) -> None:
+    peer = served.peer
     own = peer.flat.vector.clone()
     other = torch.full_like(own, 3.0)
-    status, data, _ = await post(peer, envelope_body(other, sender="caller"))
+    status, data, _ = await post(served, envelope_body(other, sender="caller"))
     assert status == 200
     reply = wire.unpack_envelope(data, max_bytes=peer.max_body_bytes, codecs={"none"})
     assert reply.sender == "callee"
@@ -181,52 +270,111 @@ async def test_valid_exchange_averages_and_answers_the_average(peer: Peer) -> No
     assert "caller" in peer.membership
 
 
-async def test_open_endpoints_and_signed_reads(peer: Peer) -> None:
+async def test_open_endpoints_signed_reads_and_http_errors_in_json(served: Served) -> None:
+    base = f"http://{served.address}"
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://{peer.address}/v1/status") as response:
+        async with session.get(f"{base}/v1/status") as response:
             status = await response.json()
         assert status["id"] == "callee" and status["round"] == 0 and status["parameters"] == 10
         assert status["authenticated"] is True
-        async with session.get(f"http://{peer.address}/metrics") as response:
+        async with session.get(f"{base}/metrics") as response:
             text = await response.text()
         assert "gossipnet_bytes_total" in text and 'peer="callee"' in text
-        async with session.get(f"http://{peer.address}/v1/peers") as response:
+        async with session.get(f"{base}/v1/peers") as response:
             assert response.status == 401
-        async with session.get(f"http://{peer.address}/v1/nowhere") as response:
+            assert error_of(401, await response.read()) == "unauthorized"
+        async with session.get(f"{base}/v1/nowhere") as response:
             assert response.status == 404
-            assert (await response.json())["error"] == "not_found"
-        async with session.put(f"http://{peer.address}/v1/exchange") as response:
-            assert response.status == 405
-            assert (await response.json())["error"] == "method_not_allowed"
-    status_code, data, _headers = await post(peer, b"", path="/v1/state", method="GET")
+            assert error_of(404, await response.read()) == "not_found"
+        for method, path, allow in [
+            ("PUT", "/v1/exchange", {"POST"}),
+            ("DELETE", "/v1/join", {"POST"}),
+            ("POST", "/v1/status", {"GET", "HEAD"}),
+            ("HEAD", "/v1/state", {"GET"}),
+        ]:
+            async with session.request(method, f"{base}{path}") as response:
+                assert response.status == 405, (method, path)
+                assert set(response.headers["Allow"].split(",")) == allow
+                if method != "HEAD":
+                    assert error_of(405, await response.read()) == "method_not_allowed"
+        async with session.post(
+            f"{base}/v1/exchange", data=b"x", headers={"Expect": "something-else"}
+        ) as response:
+            assert response.status == 417
+            assert error_of(417, await response.read()) == "expectation_failed"
+    status_code, data, _ = await post(served, b"", path="/v1/state", method="GET")
     assert status_code == 200
-    env = wire.unpack_envelope(data, max_bytes=peer.max_body_bytes, codecs={"none"})
-    state = DenseCodec().decode(env.payload, peer.spec)
-    assert torch.equal(state, peer.flat.vector)
-    status_code, data, _ = await post(peer, b"", path="/v1/nowhere", method="GET")
-    assert status_code == 404 and json.loads(data)["error"] == "not_found"
+    env = wire.unpack_envelope(data, max_bytes=served.peer.max_body_bytes, codecs={"none"})
+    state = DenseCodec().decode(env.payload, served.peer.spec)
+    assert torch.equal(state, served.peer.flat.vector)
 
 
-@pytest.mark.parametrize(
-    ("body", "code"),
-    [
-        (b"{", "malformed_body"),
-        (b'{"id": "x"}', "malformed_body"),
-        (b'{"id": "a b", "address": null}', "invalid_sender"),
-        (b'{"id": 5, "address": null}', "invalid_sender"),
-        (b'{"id": "newcomer", "address": "no-port"}', "malformed_body"),
-        (b'{"id": "callee", "address": null}', "unknown_peer"),
-    ],
-)
-async def test_bad_join_is_refused(peer: Peer, body: bytes, code: str) -> None:
-    status, data, _ = await post(peer, body, path="/v1/join")
-    assert 400 <= status < 500 and json.loads(data)["error"] == code
-    assert len(peer.membership) == 0
+@pytest.mark.parametrize("path", ["/v1/peers", "/v1/state"])
+async def test_a_get_with_a_body_is_refused_before_reading_it(served: Served, path: str) -> None:
+    before = served.digest()
+    body = b'{"id": "x", "address": null}'
+    status, data, _ = await post(served, body, path=path, method="GET")
+    assert status == 400 and error_of(status, data) == "malformed_body"
+    assert "takes no body" in json.loads(data)["detail"]
+    assert served.digest() == before
 
 
-async def test_join_admits_and_answers_the_view(peer: Peer) -> None:
+JOIN_CASES = [
+    (b"{", "malformed_body"),
+    (b'{"id": "x"}', "malformed_body"),
+    (b'{"id": "x", "address": null, "extra": 1}', "malformed_body"),
+    (b'{"id": "x", "id": "y", "address": null}', "malformed_body"),
+    (b'{"id": "a b", "address": null}', "invalid_sender"),
+    (b'{"id": 5, "address": null}', "malformed_body"),
+    (b'{"id": ["x"], "address": null}', "malformed_body"),
+    (b'{"id": "x", "address": 7000}', "malformed_body"),
+    (b'{"id": "x", "address": NaN}', "malformed_body"),
+    (b'{"id": "newcomer", "address": "no-port"}', "malformed_body"),
+    (b'{"id": "newcomer", "address": "host:99999"}', "malformed_body"),
+    (b'{"id": "callee", "address": null}', "unknown_peer"),
+    (b"[" * 100_000 + b"]" * 100_000, "malformed_body"),
+    (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "malformed_body"),
+    (b'{"id": "x", "address": null}\xff', "malformed_body"),
+    (b"\xff\xfe", "malformed_body"),
+    (b"", "malformed_body"),
+]
+
+
+@pytest.mark.parametrize(("body", "code"), JOIN_CASES, ids=[c[1] for c in JOIN_CASES])
+async def test_bad_join_is_refused(served: Served, body: bytes, code: str) -> None:
+    before = served.digest()
+    status, data, _ = await post(served, body, path="/v1/join")
+    assert 400 <= status < 500 and error_of(status, data) == code
+    assert len(served.peer.membership) == 0
+    assert served.digest() == before
+
+
+async def test_an_oversized_join_is_413_while_reading(served: Served) -> None:
+    body = b'{"id": "x", "address": "' + b"a" * (1 << 20) + b'"}'
+    status, data, _ = await post(served, body, path="/v1/join")
+    assert status == 413 and error_of(status, data) == "body_too_large"
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: cut off while reading
+        yield b'{"id": "x", "address": "'
+        for _ in range(3):
+            yield b"a" * (1 << 19)
+
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"http://{served.address}/v1/join",
+            data=chunks(),
+            headers=signed(served, "POST", "/v1/join", b""),
+        ) as response,
+    ):
+        assert response.status == 413
+        assert error_of(413, await response.read()) == "body_too_large"
+    assert len(served.peer.membership) == 0
+
+
+async def test_join_admits_and_answers_the_view(served: Served) -> None:
     body = b'{"id": "newcomer", "address": "127.0.0.1:9"}'
-    status, data, _ = await post(peer, body, path="/v1/join")
+    status, data, _ = await post(served, body, path="/v1/join")
     assert status == 200
     view = json.loads(data)
     assert view["id"] == "callee"
@@ -235,30 +383,129 @@ async def test_join_admits_and_answers_the_view(peer: Peer) -> None:
 
 async def test_open_swarm_warns_and_accepts_unsigned() -> None:
     with pytest.warns(auth.OpenSwarmWarning):
-        async with started_peer("open", secret=None) as p:
-            status, _, _ = await post(p, envelope_body(torch.zeros(p.spec.numel)), secret=None)
+        async with served_peer("open", secret=None) as s:
+            status, _, _ = await post(s, envelope_body(torch.zeros(s.peer.spec.numel)), secret=None)
             assert status == 200
+
+
+async def raw(
+    address: str, request: bytes, *, half_close: bool = False, timeout_s: float = 10.0
+) -> bytes:
+    """Send raw bytes (then half-close if asked), return all the server answers until it
+    closes the connection."""
+    host, port = address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        if half_close:
+            writer.write_eof()
+        try:
+            return await asyncio.wait_for(reader.read(), timeout=timeout_s)
+        except ConnectionResetError:
+            return b""
+    finally:
+        writer.close()
+
+
+def parse_answer(answer: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return status, headers, body
+
+
+BROKEN_HTTP = {
+    "garbage": (b"\x16\x03\x01\x02\x00hello\r\n\r\n", 400, "malformed_request"),
+    "bad request line": (b"GET\r\n\r\n", 400, "malformed_request"),
+    "bad version": (b"GET /v1/status HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed_request"),
+    "header without colon": (
+        b"GET /v1/status HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
+        400,
+        "malformed_request",
+    ),
+    "oversized header": (
+        b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+        431,
+        "headers_too_large",
+    ),
+    "oversized request line": (
+        b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        431,
+        "headers_too_large",
+    ),
+    "too many headers": (
+        b"GET /v1/status HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+        + b"\r\n",
+        431,
+        "headers_too_large",
+    ),
+    "bad content-length": (
+        b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        400,
+        "malformed_request",
+    ),
+    "negative content-length": (
+        b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        400,
+        "malformed_request",
+    ),
+    "two content-lengths": (
+        b"POST /v1/join HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        400,
+        "malformed_request",
+    ),
+    "content-length and chunked": (
+        b"POST /v1/join HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+        "malformed_request",
+    ),
+    "bad chunk size": (
+        b"POST /v1/join HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
+        400,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_HTTP))
+async def test_broken_http_gets_a_json_error_and_one_log_line(
+    served: Served, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    request, status, code = BROKEN_HTTP[case]
+    before = served.digest()
+    with caplog.at_level(logging.INFO):
+        answer = await raw(served.address, request)
+    got, headers, body = parse_answer(answer)
+    assert got == status, answer[:300]
+    assert headers["content-type"].startswith("application/json")
+    error = error_of(got, body)
+    assert code is None or error == code
+    assert served.digest() == before
+    # one line, no traceback, however large the request
+    logged = [r for r in caplog.records if r.name.startswith(("peer.server", "aiohttp"))]
+    assert all(r.exc_info is None for r in logged)
+    assert sum(len(r.getMessage()) for r in logged) < 1000
 
 
 async def test_truncated_body_is_malformed_and_model_untouched() -> None:
     with pytest.warns(auth.OpenSwarmWarning):
-        async with started_peer("open", secret=None) as p:
-            before = model_bytes(p)
-            host, port = p.address.split(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(
+        async with served_peer("open", secret=None) as s:
+            before = s.digest()
+            answer = await raw(
+                s.address,
                 b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
-                + b"\x00" * 10
+                + b"\x00" * 10,
+                half_close=True,
             )
-            await writer.drain()
-            writer.write_eof()
-            try:  # aiohttp either answers 400 or drops the connection: never 200
-                response = await asyncio.wait_for(reader.read(), timeout=10)
-            except ConnectionResetError:
-                response = b""
-            writer.close()
-            assert not response.startswith(b"HTTP/1.1 200")
-            assert model_bytes(p) == before
-            assert p.metrics.registry.get_sample_value(
+            assert not answer.startswith(b"HTTP/1.1 200")
+            assert s.digest() == before
+            assert s.peer.metrics.registry.get_sample_value(
                 "gossipnet_exchanges_total", {"role": "callee", "outcome": "ok"}
             ) in (None, 0.0)
+            # the slot was given back: a whole exchange is served
+            status, _, _ = await post(s, envelope_body(good(s.peer)), secret=None)
+            assert status == 200
