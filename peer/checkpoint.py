@@ -6,11 +6,15 @@ and string metadata: ``step``, ``round``, ``peer_id``, ``sha256`` (over every
 tensor's bytes in key order, so a flipped bit is caught, not just a truncation)
 and any extra keys the caller adds.
 
-Writing is atomic (write a temp file in the same directory, fsync it, rename it
-over the final name, fsync the directory), so a crash leaves either the old or
-the new file, never half of one. Reading goes through safetensors only, never
-pickle. :func:`load_latest` walks back from the newest file to the first one
-that loads and verifies, logging why each newer one was skipped.
+Writing is atomic (:func:`write_atomically`: write a temporary
+``.checkpoint-XXXXXXXX.tmp`` in the same directory, fsync it, rename it over the
+final name, fsync the directory), so a crash leaves either the old or the new
+file, never half of one. A process killed in the middle of a write leaves its
+temporary file behind; :func:`remove_stale_temporaries` deletes exactly those
+(``.checkpoint-*.tmp``, nothing else) when a peer starts. Reading goes through
+safetensors only, never pickle. :func:`load_latest` walks back from the newest
+file to the first one that loads and verifies, logging why each newer one was
+skipped. A checkpoint directory belongs to one peer process at a time.
 
 Example::
 
@@ -42,6 +46,11 @@ from safetensors.torch import save as safetensors_save
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"checkpoint-(\d{12})\.safetensors")
+TEMPORARY_PREFIX = ".checkpoint-"
+TEMPORARY_SUFFIX = ".tmp"
+_TEMPORARY = re.compile(r"\.checkpoint-[A-Za-z0-9_]+\.tmp")
+"""The names :func:`save_checkpoint`'s temporary files get (``tempfile.mkstemp``'s random
+part between :data:`TEMPORARY_PREFIX` and :data:`TEMPORARY_SUFFIX`)."""
 _RESERVED = frozenset({"step", "round", "peer_id", "sha256", "format"})
 FORMAT = "gossipnet-checkpoint-1"
 
@@ -66,7 +75,8 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
     return Path(directory) / f"checkpoint-{step:012d}.safetensors"
 
 
-def _digest(tensors: Mapping[str, torch.Tensor]) -> str:
+def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order (CPU tensors)."""
     sha = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
@@ -119,13 +129,24 @@ def save_checkpoint(
         "step": str(step),
         "round": str(round),
         "peer_id": peer_id,
-        "sha256": _digest(contiguous),
+        "sha256": tensor_digest(contiguous),
     }
     data = safetensors_save(contiguous, metadata=header)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_path(directory, step)
-    fd, temp_name = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
+    final = write_atomically(checkpoint_path(directory, step), data, prefix=TEMPORARY_PREFIX)
+    for old in list_checkpoints(directory)[:-keep]:
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
+    return final
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, prefix: str) -> Path:
+    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new
+    one, never half of one: a temporary ``<prefix>XXXXXXXX.tmp`` in the same directory,
+    fsynced, renamed over ``path``, then the directory fsynced. Returns ``path``."""
+    final = Path(path)
+    fd, temp_name = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY_SUFFIX, dir=final.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -136,11 +157,37 @@ def save_checkpoint(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
         raise
-    _fsync_directory(directory)
-    for old in list_checkpoints(directory)[:-keep]:
-        with contextlib.suppress(FileNotFoundError):
-            old.unlink()
+    _fsync_directory(final.parent)
     return final
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
+    """Delete the temporary files that interrupted checkpoint writes left in ``directory``.
+
+    Only files named like :func:`save_checkpoint`'s temporaries (``.checkpoint-*.tmp``)
+    directly in ``directory`` are removed; nothing else is touched. Call it when the
+    directory's one writer starts (a running writer's temporary would go too). Logs one
+    warning with the count if it removed any; returns the count.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    removed = 0
+    for entry in directory.iterdir():
+        if _TEMPORARY.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed += 1
+    if removed:
+        logger.warning(
+            "removed %d stale temporary checkpoint file(s) (%s*%s, left by interrupted "
+            "writes) from %s",
+            removed,
+            TEMPORARY_PREFIX,
+            TEMPORARY_SUFFIX,
+            directory,
+        )
+    return removed
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
@@ -167,7 +214,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(f"{path}: cannot read: {error}") from error
     try:
         tensors = safetensors_load(data)
-        header = _metadata(data)
+        header = safetensors_metadata(data)
     except (SafetensorError, ValueError, KeyError, OSError) as error:
         raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from error
     if header.get("format") != FORMAT:
@@ -181,14 +228,17 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise CheckpointError(
             f"{path}: metadata lacks step/round/peer_id/sha256 ({error})"
         ) from error
-    if _digest(tensors) != digest:
+    if tensor_digest(tensors) != digest:
         raise CheckpointError(f"{path}: checksum mismatch (file corrupted)")
     extra = {k: v for k, v in header.items() if k not in _RESERVED}
     return Checkpoint(path, tensors, step, round_, peer_id, extra)
 
 
-def _metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` map of serialized safetensors bytes (from its JSON header)."""
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` map of serialized safetensors bytes (from its JSON header).
+
+    Call it on bytes that ``safetensors`` has already loaded (their header is valid);
+    raises ``ValueError`` if the map is not one."""
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + size])
     metadata = header.get("__metadata__") or {}
