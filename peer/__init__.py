@@ -14,10 +14,32 @@ caps), :mod:`peer.auth` (HMAC-SHA256 signatures, TLS contexts),
 :mod:`peer.core`, :mod:`peer.trainer`, :mod:`peer.pairwise`, :mod:`peer.sync_round`,
 :mod:`peer.handlers`, :mod:`peer.training_state`), :mod:`peer.cli` (``gossipnet
 peer``, running through :mod:`peer.run`). The protocol is written down in
-docs/protocol.md and peer/openapi.yaml.
+docs/protocol.md and peer/openapi.yaml. :mod:`peer.admission` holds the server's bounds,
+:mod:`peer.strict_json` the one decoder of network JSON, :mod:`peer.export` the model a
+user takes home (``load_model``).
+
+``Peer`` and ``PeerConfig`` are imported on first use, so ``gossipnet status`` (which
+needs neither) answers without importing torch.
 """
 
-from peer.config import PeerConfig
-from peer.node import Peer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peer.config import PeerConfig
+    from peer.node import Peer
 
 __all__ = ["Peer", "PeerConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Peer":
+        from peer.node import Peer
+
+        return Peer
+    if name == "PeerConfig":
+        from peer.config import PeerConfig
+
+        return PeerConfig
+    raise AttributeError(f"module 'peer' has no attribute {name!r}")

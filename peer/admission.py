@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -232,3 +233,74 @@ class ByteAccount:
         budget.held += count
         budget.peak = max(budget.peak, budget.held)
         self.charged += count
+
+
+DEFAULT_SERVING_SHARE = 0.5
+"""Default of ``max_serving_share``: while a peer trains, serving takes at most half its time."""
+SERVING_WINDOW_S = 2.0
+"""The sliding window over which the serving share is measured."""
+
+
+class ServingShare:
+    """Keeps a training peer's own training from being starved by neighbours' exchanges.
+
+    While the peer trains (``active()`` is true), the wall time its server spends serving
+    exchanges (from admission to the answer written; concurrent exchanges add up, so the
+    count is conservative) over the last ``window_s`` seconds may reach at most
+    ``max_share`` of the window; an exchange beyond it is refused ``409 busy`` before its
+    body is read (a caller counts busy as a sign of life and tries another neighbour or
+    the next round). Training therefore keeps at least ``1 - max_share`` of the peer's
+    time, whatever the number of callers. A peer that is not training (finished, holding,
+    waiting for peers) serves without this bound. ``max_share = 1`` turns it off.
+    """
+
+    def __init__(
+        self,
+        max_share: float,
+        active: Any,
+        *,
+        window_s: float = SERVING_WINDOW_S,
+        clock: Any = None,
+    ) -> None:
+        if isinstance(max_share, bool) or not isinstance(max_share, int | float):
+            raise LimitError(f"max_serving_share must be a number in (0, 1], got {max_share!r}")
+        if not 0.0 < float(max_share) <= 1.0:
+            raise LimitError(f"max_serving_share must be in (0, 1], got {max_share}")
+        self.max_share = float(max_share)
+        self.window_s = float(window_s)
+        self._active = active
+        self._clock = clock if clock is not None else time.monotonic
+        self._spans: deque[tuple[float, float]] = deque()
+        self._busy = 0.0
+        self.refused = 0
+        """Exchanges refused to keep the share (reported in ``/v1/status``)."""
+
+    def _expire(self, now: float) -> None:
+        while self._spans and self._spans[0][0] < now - self.window_s:
+            _, seconds = self._spans.popleft()
+            self._busy -= seconds
+
+    def share(self) -> float:
+        """Serving time in the current window over the window's length."""
+        self._expire(self._clock())
+        return max(0.0, self._busy) / self.window_s
+
+    def admit(self) -> bool:
+        """Whether one more exchange may be served now (counts the refusals)."""
+        if self.max_share >= 1.0 or not self._active():
+            return True
+        if self.share() < self.max_share:
+            return True
+        self.refused += 1
+        return False
+
+    def start(self) -> float:
+        """The start time of an admitted exchange (pass it to :meth:`done`)."""
+        return float(self._clock())
+
+    def done(self, started: float) -> None:
+        """Count an exchange served from ``started`` until now."""
+        now = self._clock()
+        seconds = max(0.0, now - started)
+        self._spans.append((now, seconds))
+        self._busy += seconds

@@ -29,6 +29,7 @@ import consensus
 from gossip.compression import node_seed
 from gossip.configuration import build_algorithm
 from gossip.pairwise import PairwiseGossip
+from peer.admission import DEFAULT_SERVING_SHARE, ServingShare
 from peer.auth import RequestVerifier, load_secret
 from peer.client import PeerClient
 from peer.codecs import build_codec, receiving_codecs
@@ -108,6 +109,16 @@ class PeerCore:
             node_seed(config.seed + 1, config.peer_id)
         )
         self.metrics.byzantine.set(0 if self.attack is None else 1)
+        self.serving_share = (
+            ServingShare(
+                getattr(config, "max_serving_share", DEFAULT_SERVING_SHARE),
+                self.trainer.training,
+            )
+            if config.mode == "async"
+            else None
+        )
+        """While this peer trains, serving neighbours' exchanges takes at most this share of
+        its time (async mode; a sync round serves each neighbour once per round by design)."""
         self.health = ExchangeHealth(self.peer_id, window=HEALTH_WINDOW_ROUNDS)
         """Exchanges that succeeded / failed per round; isolation (:mod:`peer.health`)."""
         self.membership = Membership(

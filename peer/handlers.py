@@ -103,6 +103,7 @@ class ServerHandlers(PairwiseExchange, SyncRound):
             "bytes_in": self.metrics.bytes_total("in"),
             "bytes_out": self.metrics.bytes_total("out"),
             "authenticated": self.secret is not None,
+            "serving_refused": 0 if self.serving_share is None else self.serving_share.refused,
             "byzantine": self.config.byzantine,
             **self.health.to_json(),
         }

@@ -27,6 +27,11 @@ evaluation under the model lock), :mod:`peer.pairwise`, :mod:`peer.sync_round`,
 (resume, listen, join, checkpoint at stop), the membership joins and view refreshes,
 and the round loop.
 
+A restarted peer finds its swarm again: each checkpoint records the membership view
+(ids and addresses) beside the model, and ``resume`` rejoins those members as it joins
+``PeerConfig.join`` addresses. Joins retry unreachable addresses with exponential
+backoff until ``join_timeout_s``, so peers started in any order find each other.
+
 Model copies held (d = parameter count; an edge device sizes for these): the
 model itself, the flat gradient, the optimizer's state, the reused send buffer (the
 request streams from it), the reused buffer the answer lands in, two per exchange
@@ -41,35 +46,80 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from aiohttp import web
 
+from peer import strict_json
 from peer.auth import client_ssl_context, server_ssl_context, warn_open_swarm
+from peer.checkpoint import remove_stale_temporaries
 from peer.client import PeerClient, PeerUnavailable, RemoteRefused
 from peer.codecs import DenseCodec
 from peer.config import PeerConfig, resolve_device
 from peer.core import HEALTH_WINDOW_ROUNDS
 from peer.errors import ProtocolError
+from peer.export import RECIPE_KEY, ModelRecipe
 from peer.handlers import ServerHandlers
 from peer.membership import check_address
 from peer.pairwise import PairwiseExchange
-from peer.server import build_app
+from peer.server import make_runner
 from peer.sync_round import SyncRound
 from peer.trainer import Batch, OptimizerFactory, Trainer
 from peer.training_state import load_training_state, save_training_state
 from peer.wire import check_sender
 
-__all__ = ["HEALTH_WINDOW_ROUNDS", "VIEW_REFRESH_ROUNDS", "Peer"]
+__all__ = ["HEALTH_WINDOW_ROUNDS", "VIEW_REFRESH_ROUNDS", "JoinError", "Peer"]
 
 logger = logging.getLogger(__name__)
 
 VIEW_REFRESH_ROUNDS = 10
 """Every this many rounds a peer pulls a random neighbour's membership view."""
+JOIN_RETRY_FIRST_S = 0.25
+"""The first wait before a join is retried; each later wait doubles, up to
+:data:`JOIN_RETRY_MAX_S`, and is jittered by a factor in [0.5, 1.5)."""
+JOIN_RETRY_MAX_S = 5.0
+MEMBERS_KEY = "members"
+"""The checkpoint metadata key holding the membership view: JSON ``[{id, address}, ...]``."""
+
+
+class JoinError(ConnectionError):
+    """No join address answered: each was refused, or stayed unreachable until the timeout.
+
+    Attributes:
+        addresses: the addresses tried, in order.
+        reasons: the last error of each address.
+        unreachable: those that never answered (retried until ``timeout_s``); the others
+            refused the join.
+        timeout_s: how long unreachable addresses were retried.
+    """
+
+    def __init__(
+        self,
+        peer_id: str,
+        addresses: Sequence[str],
+        reasons: dict[str, str],
+        *,
+        unreachable: Sequence[str],
+        timeout_s: float,
+    ) -> None:
+        self.addresses = tuple(addresses)
+        self.reasons = dict(reasons)
+        self.unreachable = tuple(unreachable)
+        self.timeout_s = timeout_s
+        retried = (
+            f" (unreachable for {timeout_s:g} s of retries)" if unreachable and timeout_s else ""
+        )
+        super().__init__(
+            f"peer {peer_id} could not join via any of: "
+            + "; ".join(reasons.get(a, f"{a}: not tried") for a in self.addresses)
+            + retried
+        )
 
 
 class Peer(ServerHandlers, PairwiseExchange, SyncRound):
@@ -85,6 +135,10 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         train_data: an iterable of ``(inputs, targets)`` batches, re-iterated forever
             (a ``DataLoader`` reshuffles each pass).
         config: a :class:`~peer.config.PeerConfig`.
+        recipe: how ``workloads`` rebuilds ``model`` (:class:`peer.export.ModelRecipe`);
+            recorded in every checkpoint, so ``gossipnet export`` and
+            ``peer.export.load_model`` can turn a checkpoint into a model. Optional: a
+            peer without one still checkpoints and resumes.
     """
 
     def __init__(
@@ -94,17 +148,25 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         loss_fn: Callable[[Any, Any], torch.Tensor],
         train_data: Iterable[Batch],
         config: PeerConfig,
+        *,
+        recipe: ModelRecipe | None = None,
     ) -> None:
         if not isinstance(config, PeerConfig):
             raise TypeError(f"config must be a PeerConfig, got {type(config).__name__}")
+        if recipe is not None and not isinstance(recipe, ModelRecipe):
+            raise TypeError(f"recipe must be a ModelRecipe or None, got {type(recipe).__name__}")
         device = resolve_device(config.device)
         super().__init__(Trainer(model, optimizer, loss_fn, train_data, device), config)
         self._init_pairwise()
         self._init_sync_round()
         self._runner: web.AppRunner | None = None
         self._last_checkpoint_step = -1
+        self.recipe = recipe
+        """How ``workloads`` rebuilds the model (recorded in checkpoints), or None."""
         self.resumed_from: Path | None = None
         """The checkpoint ``start`` resumed from, or None."""
+        self.remembered_members: tuple[str, ...] = ()
+        """Addresses of the members the resumed checkpoint recorded (rejoined at start)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,6 +190,8 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
             )
         if self.secret is None:
             warn_open_swarm(self.peer_id)
+        if config.checkpoint_dir is not None:
+            remove_stale_temporaries(config.checkpoint_dir)
         if config.resume:
             self._resume()
         client_context = None
@@ -148,25 +212,18 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
                 server_context = server_ssl_context(
                     config.tls_cert, config.tls_key, cafile=config.tls_ca
                 )
-            self._runner = web.AppRunner(build_app(self), access_log=None)
+            self._runner = make_runner(self)
             await self._runner.setup()
             site = web.TCPSite(self._runner, config.host, config.port, ssl_context=server_context)
             await site.start()
             port = self._runner.addresses[0][1]
             self.address = config.advertise or f"{config.host}:{port}"
             self.membership.self_address = check_address(self.address)
-        if config.join:
-            try:
-                await self._join(config.join)
-            except ConnectionError as error:
-                if self.topology is None:
-                    await self.stop()
-                    raise
-                # A known peer list: those not up yet will join us when they start.
-                logger.warning("%s; starting alone, the other ranks will join", error)
-            except BaseException:
-                await self.stop()
-                raise
+        try:
+            await self._join_at_start()
+        except BaseException:
+            await self.stop()
+            raise
         logger.info("peer %s started at %s", self.peer_id, self.address or "(client-only)")
 
     async def stop(self) -> None:
@@ -181,34 +238,112 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
 
     # ------------------------------------------------------------------ membership
 
-    async def _join(self, addresses: Iterable[str]) -> None:
-        client = self._client()
-        errors = []
-        for address in addresses:
-            try:
-                answer = await client.join(address, self.peer_id, self.address)
-                bootstrap = check_sender(answer["id"])
-                self.membership.observe(bootstrap, address)
-                added = self.membership.merge(answer["peers"])
-                if self.config.fetch_state and self.resumed_from is None:
-                    await self._fetch_state(address)
-            except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
-                errors.append(f"{address}: {error}")
-                continue
-            for peer_id in added:  # announce ourselves to everyone we just learned of
-                member = self.membership.get(peer_id)
-                if member is not None and member.address is not None:
-                    with contextlib.suppress(PeerUnavailable, RemoteRefused, ProtocolError):
-                        self.membership.merge(
-                            (await client.join(member.address, self.peer_id, self.address))["peers"]
-                        )
-            return
-        raise ConnectionError(
-            f"peer {self.peer_id} could not join via any of: " + "; ".join(errors)
-        )
+    @property
+    def join_timeout_s(self) -> float:
+        """How long unreachable join addresses are retried (``PeerConfig.join_timeout_s``)."""
+        return self.config.join_timeout_s
 
-    async def _fetch_state(self, address: str) -> None:
-        envelope = await self._client().state(address, codecs={"none"})
+    async def _join_at_start(self) -> None:
+        """Join ``config.join`` (retried until :attr:`join_timeout_s`), then, or else, the
+        members the resumed checkpoint remembered.
+
+        Without ``config.join`` the remembered members are tried once: a restarted
+        bootstrap peer whose swarm is gone starts alone (the others will join it). With a
+        known peer list (``--topology --peers``) every join is tried once: ranks not up yet
+        join us when they start.
+        """
+        config = self.config
+        remembered = [
+            a for a in self.remembered_members if a not in config.join and a != self.address
+        ]
+        if not config.join and not remembered:
+            return
+        listed = self.topology is not None
+        timeout_s = 0.0 if listed or not config.join else self.join_timeout_s
+        try:
+            await self._join([*config.join, *remembered], timeout_s=timeout_s)
+        except JoinError as error:
+            if config.join and not listed:
+                raise
+            why = "the other ranks will join" if listed else "they will find us when they return"
+            logger.warning("%s; starting alone, %s", error, why)
+
+    async def _join(self, addresses: Sequence[str], *, timeout_s: float = 0.0) -> None:
+        """Join the swarm via the first of ``addresses`` that answers, then announce
+        ourselves to every member its view names.
+
+        Unreachable addresses (refused connections, timeouts, 5xx) are retried, all of
+        them each pass, with exponential backoff (:data:`JOIN_RETRY_FIRST_S`, doubling up
+        to :data:`JOIN_RETRY_MAX_S`, jittered) until ``timeout_s`` has passed; an address
+        that refuses the join (4xx: a wrong secret, a taken id) is not retried.
+
+        Raises:
+            JoinError: no address answered.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay = JOIN_RETRY_FIRST_S
+        retrying = list(dict.fromkeys(addresses))
+        reasons: dict[str, str] = {}
+        while True:
+            for address in list(retrying):
+                try:
+                    added = await self._join_one(address)
+                except PeerUnavailable as error:
+                    reasons[address] = str(error)
+                    continue
+                except (RemoteRefused, ProtocolError) as error:
+                    reasons[address] = str(error)
+                    retrying.remove(address)
+                    continue
+                await self._announce(added)
+                if address in reasons:
+                    logger.info("peer %s joined via %s", self.peer_id, address)
+                return
+            left = deadline - loop.time()
+            if not retrying or left <= 0:
+                raise JoinError(
+                    self.peer_id,
+                    list(dict.fromkeys(addresses)),
+                    reasons,
+                    unreachable=retrying,
+                    timeout_s=timeout_s,
+                )
+            if delay == JOIN_RETRY_FIRST_S:
+                logger.warning(
+                    "peer %s: no answer yet from %s; retrying for up to %g s",
+                    self.peer_id,
+                    ", ".join(retrying),
+                    timeout_s,
+                )
+            await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.5)))
+            delay = min(2 * delay, JOIN_RETRY_MAX_S)
+
+    async def _join_one(self, address: str) -> list[str]:
+        """``POST /v1/join`` to ``address``: admit it and merge its view (and copy its model
+        if configured and not resumed); returns the ids its view added."""
+        answer = await self._client().join(address, self.peer_id, self.address)
+        bootstrap = check_sender(answer["id"])
+        self.membership.observe(bootstrap, address)
+        added = self.membership.merge(answer["peers"])
+        if self.config.fetch_state and self.resumed_from is None:
+            await self._fetch_state(address, receiver=bootstrap)
+        return added
+
+    async def _announce(self, added: Iterable[str]) -> None:
+        """Join each newly learned member too, so it knows us (and merge its view)."""
+        client = self._client()
+        for peer_id in added:
+            member = self.membership.get(peer_id)
+            if member is not None and member.address is not None:
+                with contextlib.suppress(PeerUnavailable, RemoteRefused, ProtocolError):
+                    answer = await client.join(
+                        member.address, self.peer_id, self.address, receiver=peer_id
+                    )
+                    self.membership.merge(answer["peers"], source=f"view of {peer_id}")
+
+    async def _fetch_state(self, address: str, *, receiver: str | None = None) -> None:
+        envelope = await self._client().state(address, codecs={"none"}, receiver=receiver)
         vector = DenseCodec().decode(envelope.payload, self.spec)
         with self.lock:
             self.flat.load_(vector)
@@ -266,8 +401,8 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         member = self._rng.choice(neighbours)
         assert member.address is not None
         try:
-            view = await self._client().peers(member.address)
-            self.membership.merge(view["peers"])
+            view = await self._client().peers(member.address, receiver=member.id)
+            self.membership.merge(view["peers"], source=f"view of {member.id}")
         except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
             self._failed(member, error)
 
@@ -335,23 +470,73 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         directory = self.config.checkpoint_dir
         if directory is None:
             raise RuntimeError("PeerConfig.checkpoint_dir is not set")
+        metadata = {
+            MEMBERS_KEY: json.dumps(
+                [
+                    {"id": m.id, "address": m.address}
+                    for m in self.membership.members("alive", "suspected")
+                    if m.address is not None
+                ]
+            )
+        }
+        if self.recipe is not None:
+            metadata[RECIPE_KEY] = json.dumps(self.recipe.to_json())
         path = save_training_state(
             self.trainer,
             directory,
             round=self.round,
             peer_id=self.peer_id,
             keep=self.config.keep_checkpoints,
+            metadata=metadata,
         )
         self._last_checkpoint_step = self.step
         return path
 
     def _resume(self) -> None:
-        assert self.config.checkpoint_dir is not None
-        loaded = load_training_state(self.trainer, self.config.checkpoint_dir)
+        directory = self.config.checkpoint_dir
+        if directory is None:
+            raise RuntimeError("PeerConfig.checkpoint_dir is not set")
+        loaded = load_training_state(self.trainer, directory)
         if loaded is None:
-            logger.info("peer %s: no checkpoint to resume from, starting fresh", self.peer_id)
+            logger.warning(
+                "peer %s: resume found no checkpoint (checkpoint-*.safetensors) in %s; "
+                "starting from scratch at step 0",
+                self.peer_id,
+                Path(directory).resolve(),
+            )
             return
         self.round = loaded.round
         self._last_checkpoint_step = loaded.step
         self.resumed_from = loaded.path
-        logger.info("peer %s resumed from %s (step %d)", self.peer_id, loaded.path, loaded.step)
+        self.remembered_members = _remembered_members(loaded.metadata.get(MEMBERS_KEY), loaded.path)
+        logger.info(
+            "peer %s resumed from %s (step %d, %d remembered members)",
+            self.peer_id,
+            loaded.path,
+            loaded.step,
+            len(self.remembered_members),
+        )
+
+
+def _remembered_members(text: str | None, path: Path) -> tuple[str, ...]:
+    """The member addresses a checkpoint's ``members`` metadata lists; entries that are not
+    ``{id, address}`` with a valid ``HOST:PORT`` are skipped (logged once). Checkpoints
+    written before members were recorded have none."""
+    if text is None:
+        return ()
+    try:
+        entries = strict_json.loads(text.encode(), what=f"{path} members", max_bytes=1 << 20)
+    except ProtocolError as error:
+        logger.warning("ignoring the members recorded in %s: %s", path, error)
+        return ()
+    addresses: list[str] = []
+    skipped = 0
+    for entry in entries if isinstance(entries, list) else [entries]:
+        try:
+            check_sender(entry["id"])
+            addresses.append(check_address(entry["address"]))
+        except (TypeError, KeyError, ValueError, ProtocolError):
+            skipped += 1
+    if skipped:
+        logger.warning("ignoring %d malformed member entries recorded in %s", skipped, path)
+    return tuple(dict.fromkeys(addresses))

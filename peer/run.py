@@ -4,9 +4,12 @@
 this peer's shard of the partition, model, SGD with momentum, endless batches).
 :func:`run_peer` is the process's life: start, print ``peer ID listening on ADDRESS``
 (and ``--address-file``), wait for ``--wait-for-peers``, train in chunks of
-``--status-every`` steps until ``--steps`` or SIGTERM/SIGINT, report progress (a live
-rich line on stderr, or a JSON status line on stdout per chunk), ``--hold``, stop
-(final checkpoint), then evaluate for ``--eval-out`` and print a final JSON status line.
+``--status-every`` steps until ``--steps`` more steps (counted from the resumed step
+after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stderr, or
+a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
+evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
+final JSON status line. A join that no ``--join`` address answered within
+``--join-timeout-s`` is one error line and exit code 2.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from peer.config import PeerConfig, resolve_device
-from peer.node import Peer
+from peer.export import ModelRecipe, save_model, sidecar_path
+from peer.node import JoinError, Peer
 from workloads import Dataset, build_model, load_dataset, partition, peer_batches
 
 
@@ -31,6 +37,7 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     """The peer the flags describe, and the data set it trains on (its test split is
     what ``--eval-out`` measures). Raises ``ValueError`` naming the flag on bad input."""
     torch.set_num_threads(1)
+    _check_save_model(getattr(args, "save_model", None))
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
@@ -50,28 +57,56 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
         resolve_device(config.device)
     except ValueError as error:
         raise ValueError(f"--device: {error}") from None
-    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config)
+    recipe = ModelRecipe(
+        model=args.model,
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        dataset=args.dataset,
+        seed=args.seed,
+    )
+    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config, recipe=recipe)
     return peer, data
 
 
-async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
-    """Run ``peer`` as the flags say until done or signalled; returns the exit code (0).
+def _check_save_model(path: str | None) -> None:
+    """``--save-model FILE`` must be writable where it is named, checked before training."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.suffix == ".json":
+        raise ValueError(
+            f"--save-model: FILE must not end in .json (FILE.json is its description), got {path}"
+        )
+    if not target.parent.is_dir():
+        raise ValueError(f"--save-model: folder {target.parent} does not exist (for {path})")
 
-    Raises ``ConnectionError`` if the peer cannot join the swarm.
-    """
+
+async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
+    """Run ``peer`` as the flags say until done or signalled; returns the exit code: 0, or
+    2 when no ``--join`` address answered (one line on stderr naming it)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
-    await peer.start()
+    try:
+        await peer.start()
+    except JoinError as error:
+        print(f"gossipnet peer: error: {join_failure(error, peer.config.join)}", file=sys.stderr)
+        return 2
     rate = _Rate(peer)
     progress = asyncio.ensure_future(_live_line(peer, rate, stop)) if live else None
     try:
         where = peer.address or "(client-only)"
         print(f"peer {peer.peer_id} listening on {where}", flush=True)
         if peer.resumed_from is not None:
-            print(f"resumed from {peer.resumed_from} at step {peer.step}", flush=True)
+            more = (
+                f"; --steps {args.steps} counts from here: stopping at step "
+                f"{peer.step + args.steps}"
+                if args.steps
+                else ""
+            )
+            print(f"resumed from {peer.resumed_from} at step {peer.step}{more}", flush=True)
         if args.address_file and peer.address:
             _write_atomically(args.address_file, peer.address)
         stopping = asyncio.ensure_future(stop.wait())
@@ -104,14 +139,55 @@ async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
             await asyncio.gather(progress, return_exceptions=True)
         await peer.stop()
     final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
+    evaluation = None
     if args.eval_out:
-        final["test_accuracy"] = await _write_evaluation(peer, data, args)
+        evaluation = await _write_evaluation(peer, data, args)
+        final["test_accuracy"] = evaluation["test_accuracy"]
+    model_file = getattr(args, "save_model", None)
+    if model_file:
+        final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
     print(json.dumps(final), flush=True)
     return 0
 
 
-async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace) -> float:
-    """Evaluate on the test split and write ``--eval-out``'s JSON; returns the accuracy."""
+def join_failure(error: JoinError, join: Sequence[str]) -> str:
+    """One line for a join that failed: the ``--join`` addresses (and how many members the
+    resumed checkpoint remembered), what to do, and each address's last error."""
+    flags = [a for a in error.addresses if a in join]
+    remembered = len(error.addresses) - len(flags)
+    also = f" (and {remembered} members remembered by the checkpoint)" if remembered else ""
+    hint = (
+        f"no answer within {error.timeout_s:g} s; start that peer first, check the address, "
+        "or raise --join-timeout-s"
+        if error.unreachable
+        else "refused"
+    )
+    reasons = "; ".join(error.reasons.get(a, f"{a}: not tried") for a in error.addresses)
+    return f"--join {' '.join(flags)}{also}: {hint} ({reasons})"
+
+
+def _save_model(peer: Peer, path: str, evaluation: dict[str, Any] | None) -> Path:
+    """Write ``--save-model``'s pair (the model and its JSON) under the model lock."""
+    if peer.recipe is None:
+        raise RuntimeError("the peer has no ModelRecipe to record with --save-model")
+    scores = None
+    if evaluation is not None:
+        scores = {key: evaluation[key] for key in ("test_loss", "test_accuracy", "test_samples")}
+    with peer.lock:
+        written = save_model(
+            path,
+            peer.model,
+            peer.recipe,
+            step=peer.step,
+            peer_id=peer.peer_id,
+            evaluation=scores,
+        )
+    print(f"saved model {written} and {sidecar_path(written).name}", flush=True)
+    return written
+
+
+async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate on the test split and write ``--eval-out``'s JSON; returns the report."""
     result = await asyncio.to_thread(peer.evaluate, data.x_test, data.y_test)
     report = {
         "id": peer.peer_id,
@@ -126,7 +202,7 @@ async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace)
         "byzantine": peer.config.byzantine,
     }
     _write_atomically(args.eval_out, json.dumps(report))
-    return result["accuracy"]
+    return report
 
 
 def _write_atomically(path: str, text: str) -> None:

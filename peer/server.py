@@ -329,12 +329,26 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
     def _busy() -> Busy:
         return Busy(f"{slots.in_use} exchanges in progress, the bound is {slots.size}; retry later")
 
+    share = getattr(service, "serving_share", None)
+
+    def _take_exchange_slot() -> float:
+        """An exchange slot, if the serving share (``peer.admission.ServingShare``) and
+        the slot bound allow it; returns when serving started."""
+        if share is not None and not share.admit():
+            raise Busy(
+                f"serving took {share.share():.0%} of the last {share.window_s:g} s while "
+                f"this peer trains, the bound is {share.max_share:.0%}; retry later"
+            )
+        slots.take_now(_busy())
+        return share.start() if share is not None else 0.0
+
     async def exchange_endpoint(request: web.Request) -> web.StreamResponse:
         """``POST /v1/exchange``: authenticate, admit (slot or budget), read as it streams
         (into a reused buffer where the service allows), answer within the slot."""
         nonce = None
         stream = False
         slot = False
+        started = 0.0
         arena = None
         length = request.content_length
         try:
@@ -366,7 +380,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
                         )
                     account.charge(need)
                 else:
-                    slots.take_now(_busy())
+                    started = _take_exchange_slot()
                     slot = True
                     if length is not None and not getattr(service, "retains_messages", True):
                         arena = arenas.take(length)
@@ -382,7 +396,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
                     nonce = verifier.verify_digest(
                         request.method, request.path_qs, request.headers, digest
                     )
-                    slots.take_now(_busy())
+                    started = _take_exchange_slot()
                     slot = True
                 reply = await _exchange(obj)
                 return await _send_envelope(request, reply, nonce, stream)
@@ -391,6 +405,8 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         finally:
             if slot:
                 slots.give()
+                if share is not None:
+                    share.done(started)
             if arena is not None:
                 arenas.give(arena)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -74,6 +75,8 @@ class Trainer:
         self.loss = math.nan
         """The loss of the last gradient's batch (NaN before the first)."""
         self._batches: Iterator[Batch] | None = None
+        self.last_step_at: float | None = None
+        """``time.monotonic()`` of the last optimizer step (None before the first)."""
 
     def next_batch(self) -> Batch:
         """The next ``(inputs, targets)`` of ``train_data``, starting a new pass at its end."""
@@ -114,7 +117,12 @@ class Trainer:
         """
         self.optimizer.step()
         self.step += 1
+        self.last_step_at = time.monotonic()
         return self.step
+
+    def training(self, within_s: float = 1.0) -> bool:
+        """Whether an optimizer step was taken in the last ``within_s`` seconds."""
+        return self.last_step_at is not None and time.monotonic() - self.last_step_at < within_s
 
     def evaluate(
         self, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 1024

@@ -196,3 +196,35 @@ async def test_limits_are_derived_from_the_peer() -> None:
     assert limits.max_concurrent_exchanges == 3
     assert limits.max_connections == default_max_connections(3) == 44
     assert limits.body_timeout_s == 7.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_serving_share_bounds_serving_time_while_training_only() -> None:
+    from peer.admission import LimitError, ServingShare
+
+    clock, training = _Clock(), [True]
+    share = ServingShare(0.5, lambda: training[0], window_s=2.0, clock=clock)
+    started = share.start()
+    clock.now += 0.9  # 0.9 s of the 2 s window served: 45 %
+    share.done(started)
+    assert share.admit()
+    started = share.start()
+    clock.now += 0.2  # 1.1 s: 55 % > 50 %
+    share.done(started)
+    assert not share.admit() and share.refused == 1
+    training[0] = False  # a peer that does not train serves without the bound
+    assert share.admit()
+    training[0] = True
+    clock.now += 2.5  # the window slid past both spans
+    assert share.share() == 0.0 and share.admit()
+    assert ServingShare(1.0, lambda: True).admit()
+    for bad in (0, 1.5, True, "half"):
+        with pytest.raises(LimitError, match="max_serving_share"):
+            ServingShare(bad, lambda: True)  # type: ignore[arg-type]
