@@ -9,14 +9,33 @@ The distribution is split into layered packages (see ``docs/architecture.md``):
 * :mod:`sim` - the vectorized n-peer simulator;
 * :mod:`peer` - the networked peer (aiohttp + msgpack).
 
-This package is only the front door: the ``gossipnet`` command and the version.
+This package is only the front door: the ``gossipnet`` command, the version, and
+:func:`load_model` (a model written by ``gossipnet peer --save-model``, ``launch
+--save-model`` or ``gossipnet export``, rebuilt as a ready ``nn.Module``; it is
+``peer.export.load_model``, imported on first use so that ``import gossipnet`` stays light).
+
+    >>> import gossipnet
+    >>> model = gossipnet.load_model("model.safetensors")  # doctest: +SKIP
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peer.export import load_model as load_model
 
 try:
     __version__ = version("gossipnet")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "load_model"]
+
+
+def __getattr__(name: str) -> Any:
+    """``gossipnet.load_model``, imported from ``peer.export`` when first asked for."""
+    if name == "load_model":
+        from peer.export import load_model
+
+        return load_model
+    raise AttributeError(f"module 'gossipnet' has no attribute {name!r}")

@@ -1,10 +1,12 @@
 """The ``gossipnet`` command: a thin dispatcher over subcommands.
 
 Each subcommand's code lives in the package it drives (``topologies.cli``,
-``sim.cli``, ``peer.cli``) and exposes ``main(argv, prog) -> int``. The
+``sim.cli``, ``peer.cli``, ``peer.export``) and exposes ``main(argv, prog) -> int``. The
 dispatcher imports a subcommand's module only when that subcommand runs, so
 ``gossipnet --help`` answers instantly and an edge install that lacks the
-simulator's extras still runs ``gossipnet peer``.
+simulator's extras still runs ``gossipnet peer``. A mistake on this level (an unknown
+subcommand) is one line in the format every subcommand uses (:mod:`peer.usage`):
+``gossipnet: error: COMMAND: invalid choice 'x'; allowed: demo, peer, ...``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from gossipnet import __version__
 
@@ -55,6 +58,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             "peer.launch:main",
         ),
         Subcommand(
+            "export",
+            "write a model you can take home from checkpoints (one peer's, or the swarm's average)",
+            "peer.export:main",
+        ),
+        Subcommand(
             "status",
             "show a running peer's /v1/status (readable, or --json)",
             "peer.status:main",
@@ -83,10 +91,19 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line, ``gossipnet: error: WHAT; allowed: ...``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        from peer.usage import exit_with  # only on this error path: --help stays instant
+
+        exit_with(self.prog, message)
+
+
 def _parser() -> argparse.ArgumentParser:
     width = max(len(name) for name in SUBCOMMANDS)
     listing = "\n".join(f"  {s.name:<{width}}  {s.summary}" for s in SUBCOMMANDS.values())
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gossipnet",
         description=(
             "Decentralized gossip training of PyTorch models: peers exchange model deltas "

@@ -7,15 +7,26 @@ this peer's shard and the model. The peer prints one line when it listens
 neighbours, bytes/s, drawn by rich on stderr), otherwise a JSON status line on
 stdout every ``--status-every`` steps; a final JSON status line always; and it
 stops cleanly (final checkpoint with ``--checkpoint-dir``) on SIGTERM or SIGINT
-(Ctrl-C). ``--eval-out FILE`` writes the final test loss and accuracy as JSON.
-Logs go to stderr (``--log-level``, ``--log-json`` for one JSON object per
-line). Exit codes: 0 done or stopped by a signal, 1 could not join the swarm,
-2 bad arguments.
+(Ctrl-C). ``--eval-out FILE`` writes the final test loss and accuracy as JSON,
+``--save-model FILE`` the trained model (docs/models.md). Logs go to stderr
+(``--log-level``, ``--log-json`` for one JSON object per line); an unexpected error is
+one line too, with its traceback only under ``--log-level DEBUG``. Exit codes: 0 done or
+stopped by a signal, 1 an unexpected error, 2 bad arguments or no ``--join`` address
+answered within ``--join-timeout-s``.
 
 Neighbours are drawn at random from the membership view, or with
-``--topology NAME --peers FILE --rank R`` from a ``topologies`` graph over the
+``--topology NAME --peers-file FILE --rank R`` from a ``topologies`` graph over the
 listed peers (FILE: one ``HOST:PORT`` per line, rank r = line r; the peer
 listens on its line and mixes with the graph's weights).
+
+Your own code: ``--model mymodel.py:MyNet`` or ``--model mypkg.models:make_net``, and
+``--dataset mypkg.data:load`` or ``--dataset data.npz`` (:mod:`workloads.user_code`).
+
+Every user mistake is one line, ``gossipnet peer: error: FLAG: WHAT; allowed: VALUES``, and
+exit code 2, found before the data set is loaded or a port is opened (flags, files, user
+code, the secret, a port already in use); :mod:`peer.usage` holds the format. A renamed
+flag (``--compress``, ``--codec`` -> ``--compressor``; ``--peers`` -> ``--peers-file``)
+still works for one release and says so in one line.
 
 Example, two peers on one machine::
 
@@ -33,26 +44,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import logging
 import re
+import socket
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from gossip.algorithms import ORDERS
+from peer.auth import SECRET_ENV, OpenSwarmWarning, load_secret
 from peer.codecs import DENSE_CODECS
 from peer.config import ALGORITHMS, MODES, PeerConfig
 from peer.logs import configure_logging
 from peer.run import build_peer, human_bytes, run_peer
 from peer.topology import read_peer_list, topology_names
-from peer.usage import OneLineParser
+from peer.usage import DeprecatedAlias, OneLineParser, UsageError, exit_with, one_line
+from workloads import (
+    DataFileError,
+    UserCodeError,
+    check_dataset_spec,
+    check_model_spec,
+    check_partition_spec,
+)
 
-# human_bytes lives in peer.run; peer.status and peer.progress import it from here
-__all__ = ["CONFIG_FIELDS", "FLAG_NAMES", "flag_message", "human_bytes", "main"]
+__all__ = [
+    "CONFIG_FIELDS",
+    "FLAG_NAMES",
+    "flag_message",
+    "human_bytes",
+    "main",
+    "parse_peer_args",
+]
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
+USER_CODE = "or your own MODULE:FACTORY (mymodel.py:MyNet, mypkg.models:make_net)"
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
+def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     parser = OneLineParser(
         prog=prog,
         usage="%(prog)s --id ID [--port PORT] [--join HOST:PORT] [--steps N] [options]",
@@ -65,6 +95,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "The swarm secret comes from --secret-file or GOSSIPNET_SECRET; without one the "
             "swarm is open (a loud warning). Protocol: docs/protocol.md."
         ),
+        raise_errors=raise_errors,
     )
     peer = parser.add_argument_group("peer (PeerConfig)")
     peer.add_argument("--id", dest="peer_id", required=True, help="peer id, [A-Za-z0-9._:-]{1,64}")
@@ -78,6 +109,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         default=[],
         metavar="HOST:PORT",
         help="bootstrap peer (repeatable)",
+    )
+    peer.add_argument(
+        "--join-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="keep retrying --join addresses with backoff this long (default 60)",
     )
     peer.add_argument(
         "--no-fetch-state",
@@ -104,13 +142,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "the smallest neighbourhood (ad-psgd: the pair's 2 models)",
     )
     peer.add_argument(
-        "--compress",
-        "--codec",
-        dest="codec",
-        help="codec of sent models: "
+        "--compressor",
+        help="compressor of sent models: "
         + ", ".join(DENSE_CODECS)
-        + " (e.g. qsgd:bits=8; default none)",
+        + " (e.g. qsgd:bits=8; default none; choco: topk, randk too)",
     )
+    for old in ("--compress", "--codec"):
+        peer.add_argument(old, dest="compressor", action=DeprecatedAlias, new="--compressor")
     peer.add_argument(
         "--consensus-step", type=float, help="choco: consensus step gamma in (0, 1] (default 0.5)"
     )
@@ -126,18 +164,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     peer.add_argument("--seed", type=int, default=0)
     peer.add_argument(
         "--topology",
-        help="neighbours from a graph over --peers: " + ", ".join(topology_names()),
+        help="neighbours from a graph over --peers-file: " + ", ".join(topology_names()),
     )
     peer.add_argument(
         "--topology-weights", help="metropolis (default, undirected), max-degree, lazy, uniform"
     )
     peer.add_argument(
-        "--peers",
-        dest="peers_file",
+        "--peers-file",
         metavar="FILE",
         help="with --topology: every peer's HOST:PORT, one a line (rank r = line r)",
     )
-    peer.add_argument("--rank", type=int, help="with --topology: this peer's line in --peers")
+    peer.add_argument("--peers", dest="peers_file", action=DeprecatedAlias, new="--peers-file")
+    peer.add_argument("--rank", type=int, help="with --topology: this peer's line in --peers-file")
     peer.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:INDEX (default cpu)")
     peer.add_argument(
         "--max-concurrent-exchanges",
@@ -161,11 +199,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--resume", action="store_true", help="start from the newest valid checkpoint"
     )
     work = parser.add_argument_group("workload")
-    work.add_argument("--dataset", default=DEFAULT_DATASET, help=f"default {DEFAULT_DATASET}")
+    work.add_argument(
+        "--dataset",
+        default=DEFAULT_DATASET,
+        help=f"workloads spec (mnist1d, synthetic:...), FILE.npz, {USER_CODE}; "
+        f"default {DEFAULT_DATASET}",
+    )
     work.add_argument("--partition", default="iid", help="iid, dirichlet:alpha=0.5, shards:...")
     work.add_argument("--num-peers", type=int, default=1, help="shards the data is split into")
     work.add_argument("--peer-index", type=int, default=0, help="this peer's shard, 0-based")
-    work.add_argument("--model", default="mlp", help="workloads model name (default mlp)")
+    work.add_argument(
+        "--model", default="mlp", help=f"workloads model spec (default mlp), {USER_CODE}"
+    )
     work.add_argument("--batch-size", type=int, default=32)
     work.add_argument("--lr", type=float, default=0.05)
     work.add_argument("--momentum", type=float, default=0.9)
@@ -191,6 +236,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="at the end, write the test loss and accuracy as JSON to FILE",
     )
     run.add_argument(
+        "--save-model",
+        metavar="FILE",
+        help="write the trained model as safetensors + JSON at the end, see docs/models.md",
+    )
+    run.add_argument(
         "--progress",
         choices=("auto", "live", "lines"),
         default="auto",
@@ -201,7 +251,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         default="WARNING",
-        help="logging to stderr (default WARNING)",
+        help="logging to stderr (default WARNING); DEBUG also shows tracebacks",
     )
     run.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     run.add_argument("-v", "--verbose", action="store_true", help="same as --log-level INFO")
@@ -209,28 +259,32 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 CONFIG_FIELDS = (
-    "peer_id", "client_only", "fetch_state", "order", "algorithm",
-    "local_steps", "aggregator", "codec", "consensus_step", "byzantine", "fanout", "round_deadline_s", "seed", "topology",
-    "topology_weights", "rank", "device", "max_concurrent_exchanges",
-    "request_timeout_s", "suspect_after", "evict_after", "secret_file", "clock_window_s",
-    "tls_cert", "tls_key", "tls_ca", "max_body_factor", "checkpoint_dir", "checkpoint_every",
-    "keep_checkpoints", "resume",
+    "peer_id", "client_only", "join_timeout_s", "fetch_state", "order", "algorithm",
+    "local_steps", "aggregator", "compressor", "consensus_step", "byzantine", "fanout",
+    "round_deadline_s", "seed", "topology", "topology_weights", "rank", "device",
+    "max_concurrent_exchanges", "request_timeout_s", "suspect_after", "evict_after",
+    "secret_file", "clock_window_s", "tls_cert", "tls_key", "tls_ca", "max_body_factor",
+    "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume",
 )  # fmt: skip
-FLAG_NAMES = {"peer_id": "--id", "codec": "--compress", "peer_list": "--peers"}
+FLAG_NAMES = {"peer_id": "--id", "codec": "--compressor", "peer_list": "--peers-file"}
 """Config fields whose flag is not ``--`` + the field name with dashes."""
 
 
 def flag_message(error: Exception) -> str:
-    """A ``PeerConfig`` error with each ``PeerConfig.field`` written as its flag."""
-    return re.sub(
+    """A ``PeerConfig`` error with each ``PeerConfig.field`` written as its flag, in the one
+    format of :mod:`peer.usage` (``--fanout: must be an integer >= 1, got 0``)."""
+    text = re.sub(r"^PeerConfig\.(\w+) (?!and )", r"PeerConfig.\1: ", str(error))
+    text = re.sub(
         r"PeerConfig\.(\w+)",
         lambda m: FLAG_NAMES.get(m[1], "--" + m[1].replace("_", "-")),
-        str(error),
+        text,
     )
+    return one_line(text)
 
 
-def _network(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """host, port, advertise, join and peer_list: from the flags, or from ``--peers``/``--rank``."""
+def _network(args: argparse.Namespace, parser: OneLineParser) -> dict[str, Any]:
+    """host, port, advertise, join and peer_list: from the flags, or from
+    ``--peers-file``/``--rank``."""
     network: dict[str, Any] = {
         "host": args.host or "127.0.0.1",
         "port": args.port if args.port is not None else 0,
@@ -240,19 +294,24 @@ def _network(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     }
     if args.peers_file is None:
         if args.topology is not None or args.rank is not None:
-            parser.error("--topology and --rank need --peers FILE (one HOST:PORT a line)")
+            flag = "--topology" if args.topology is not None else "--rank"
+            parser.error(
+                f"{flag}: needs --peers-file FILE (every peer's HOST:PORT, one a line) and "
+                "--topology and --rank together"
+            )
         return network
     if args.topology is None:
-        parser.error("--peers FILE needs --topology (e.g. --topology ring)")
+        parser.error("--peers-file: FILE needs --topology (e.g. --topology ring)")
     if args.rank is None:
-        parser.error("--peers FILE needs --rank R (this peer's line, 0-based)")
+        parser.error("--peers-file: FILE needs --rank R (this peer's line, 0-based)")
     try:
         addresses = read_peer_list(args.peers_file)
     except ValueError as error:
-        parser.error(str(error))
+        # peer.topology still words its errors with the flag's old name
+        parser.error(re.sub(r"^--peers\b:?", "--peers-file:", str(error)))
     if not 0 <= args.rank < len(addresses):
         parser.error(
-            f"--rank must be in [0, {len(addresses)}) for the {len(addresses)} peers in "
+            f"--rank: must be in [0, {len(addresses)}) for the {len(addresses)} peers in "
             f"{args.peers_file}, got {args.rank}"
         )
     own = addresses[args.rank]
@@ -268,11 +327,60 @@ def _network(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     return network
 
 
-def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
-    """Parse ``argv``, check it, build the peer and run it; returns the exit code."""
-    parser = _parser(prog)
+def _check_numbers(args: argparse.Namespace, parser: OneLineParser) -> None:
+    for name in ("steps", "status_every", "batch_size", "num_peers", "wait_for_peers"):
+        minimum = 0 if name in ("steps", "wait_for_peers") else 1
+        if getattr(args, name) < minimum:
+            parser.error(
+                f"--{name.replace('_', '-')}: must be >= {minimum}, got {getattr(args, name)}"
+            )
+    if not 0 <= args.peer_index < args.num_peers:
+        parser.error(
+            f"--peer-index: must be in [0, --num-peers={args.num_peers}), got {args.peer_index}"
+        )
+
+
+def _check_workload(args: argparse.Namespace, parser: OneLineParser) -> None:
+    """The data set, model and partition specs, checked without loading any data: names
+    and parameters, files that must exist, user code that must import."""
+    for flag, check, spec in (
+        ("--dataset", check_dataset_spec, args.dataset),
+        ("--model", check_model_spec, args.model),
+        ("--partition", check_partition_spec, args.partition),
+    ):
+        try:
+            check(spec)
+        except (ValueError, ImportError) as error:
+            parser.error(f"{flag}: {error}")
+
+
+def _check_secret(args: argparse.Namespace, parser: OneLineParser) -> None:
+    """The swarm secret is readable and long enough, named by the flag it came from."""
+    try:
+        load_secret(args.secret_file)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        parser.error(
+            f"--secret-file: cannot read {args.secret_file} ({reason}); allowed: a readable "
+            "file holding the swarm secret (at least 16 bytes)"
+        )
+    except ValueError as error:
+        reason = str(error).rpartition(": ")[2]
+        if args.secret_file is not None:
+            parser.error(f"--secret-file: {args.secret_file}: {reason}")
+        parser.error(f"{SECRET_ENV}: {reason}")
+
+
+def parse_peer_args(
+    argv: Sequence[str], prog: str = "gossipnet peer", *, raise_errors: bool = False
+) -> tuple[argparse.Namespace, PeerConfig]:
+    """Parse and check ``gossipnet peer`` flags without starting anything: the flags, the
+    ``PeerConfig`` they map onto, the workload specs (user code imported, files present)
+    and the secret. A mistake exits with one line and code 2, or, with
+    ``raise_errors=True``, raises :class:`~peer.usage.UsageError` (``launch`` checks its
+    ``--peer-args`` this way before it spawns anyone)."""
+    parser = _parser(prog, raise_errors)
     args = parser.parse_args(list(argv))
-    configure_logging("INFO" if args.verbose else args.log_level, args.log_json)
     network = _network(args, parser)
     try:
         config = PeerConfig(
@@ -282,25 +390,81 @@ def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
         )
     except ValueError as error:
         parser.error(flag_message(error))
-    for name in ("steps", "status_every", "batch_size", "num_peers", "wait_for_peers"):
-        minimum = 0 if name in ("steps", "wait_for_peers") else 1
-        if getattr(args, name) < minimum:
-            parser.error(
-                f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}"
-            )
-    if not 0 <= args.peer_index < args.num_peers:
+    _check_numbers(args, parser)
+    _check_secret(args, parser)
+    _check_workload(args, parser)
+    return args, config
+
+
+def _check_port(config: PeerConfig, parser: OneLineParser) -> None:
+    """The listen address is free, checked before any data is loaded (the peer binds it
+    again when it starts; a port taken in between is caught there too)."""
+    if config.client_only or config.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in config.host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((config.host.strip("[]"), config.port))
+        except OSError as error:
+            _address_error(error, config, parser)
+
+
+def _address_error(error: OSError, config: PeerConfig, parser: OneLineParser) -> NoReturn:
+    if error.errno == errno.EADDRINUSE:
         parser.error(
-            f"--peer-index must be in [0, --num-peers={args.num_peers}), got {args.peer_index}"
+            f"--port: {config.host}:{config.port} is already in use; allowed: a free port, "
+            "or 0 for one the system picks"
         )
+    reason = error.strerror or str(error)
+    parser.error(f"--host: cannot listen on {config.host}:{config.port} ({reason})")
+
+
+def main(argv: Sequence[str], prog: str = "gossipnet peer") -> int:
+    """Parse ``argv``, check it, build the peer and run it; returns the exit code."""
+    args, config = parse_peer_args(argv, prog)
+    parser = _parser(prog)
+    level = "INFO" if args.verbose else args.log_level
+    configure_logging(level, args.log_json)
+    if logging.getLogger().isEnabledFor(logging.WARNING):
+        # the peer logs the open-swarm warning; its warnings.warn twin would say it twice
+        warnings.filterwarnings("ignore", category=OpenSwarmWarning)
+    _check_port(config, parser)
+    try:
+        return _build_and_run(args, config, parser)
+    except UsageError as error:
+        exit_with(prog, str(error))
+    except Exception as error:
+        if level == "DEBUG":
+            raise
+        where = f"{type(error).__name__}: {error}".splitlines()[0]
+        print(
+            f"{prog}: error: unexpected {where} (run with --log-level DEBUG for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _build_and_run(args: argparse.Namespace, config: PeerConfig, parser: OneLineParser) -> int:
+    """Build the peer (the data set loaded, the model built) and run it; a mistake found
+    on the way is one line naming its flag."""
     try:
         peer, data = build_peer(args, config)
+    except UserCodeError as error:
+        parser.error(f"--{error.role}: {error}")
+    except (DataFileError, ImportError) as error:
+        parser.error(f"--dataset: {error}")
     except (ValueError, OSError) as error:
-        parser.error(flag_message(error) if "PeerConfig." in str(error) else str(error))
+        parser.error(flag_message(error))
     try:
         return asyncio.run(run_peer(peer, data, args))
-    except ConnectionError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return 1
+    except OSError as error:
+        if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            _address_error(error, config, parser)
+        if isinstance(error, ConnectionError):  # could not join (before join retries)
+            print(f"{parser.prog}: error: {one_line(str(error))}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ these fields (``--round-deadline-s`` -> ``round_deadline_s``).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -31,9 +32,8 @@ ALGORITHMS: dict[str, Mode] = {
 """Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
 SIMULATOR_ONLY = tuple(name for name in GOSSIP_ALGORITHMS if name not in ALGORITHMS)
 """gossip algorithms the simulator runs but a peer does not yet (docs/algorithms.md says why)."""
-GOSSIP_FIELDS = ("order", "local_steps", "aggregator", "consensus_step")
-"""PeerConfig fields that are ``gossip.GossipConfig`` fields of the same name (``codec`` is its
-``compressor``)."""
+GOSSIP_FIELDS = ("order", "local_steps", "aggregator", "compressor", "consensus_step")
+"""PeerConfig fields that are ``gossip.GossipConfig`` fields of the same name."""
 
 
 def _int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -62,6 +62,8 @@ class PeerConfig:
         advertise: ``HOST:PORT`` others should call (default: ``host:bound port``).
         client_only: never listen; take part only through our own calls (push-pull).
         join: ``HOST:PORT`` of live peers to bootstrap from (any one suffices).
+        join_timeout_s: how long to keep retrying ``join`` (with backoff) while none of
+            those peers answers yet, so that machines may be started in any order.
         fetch_state: when joining, start from a live peer's model (``GET /v1/state``).
 
     Algorithm:
@@ -73,16 +75,19 @@ class PeerConfig:
             pair at a time, Lian et al. ICML 2018) or ``"sync"`` (D-PSGD rounds: mix
             with every neighbour, those missing the deadline masked out, Lian et al.
             NeurIPS 2017). ``None``: from ``algorithm`` (a contradiction is an error).
-        order, local_steps, aggregator, codec, consensus_step: the algorithm's settings, validated by
-            ``gossip.GossipConfig`` exactly as the simulator validates its ``[algorithm]``
-            table (``codec`` is its ``compressor``). ``None`` takes the algorithm's
+        order, local_steps, aggregator, compressor, consensus_step: the algorithm's settings,
+            validated by ``gossip.GossipConfig`` exactly as the simulator validates its
+            ``[algorithm]`` table (same names). ``None`` takes the algorithm's
             default; a setting the algorithm does not read is an error. After
             construction they hold the resolved values (:attr:`gossip` has them all).
             order: ``combine-then-adapt`` or ``adapt-then-combine`` (dpsgd);
             local_steps: optimizer steps per round (>= 1 on a peer; local-sgd >= 2);
             aggregator: a ``consensus.build`` spec (``mean``, ``trimmed-mean:b=1``; for
-            ad-psgd one that can run on the pair's 2 models); codec: ``none``, ``fp16``,
-            ``bf16`` or ``qsgd[:bits=B]`` (choco: any codec); consensus_step: CHOCO's gamma.
+            ad-psgd one that can run on the pair's 2 models); compressor: ``none``,
+            ``fp16``, ``bf16`` or ``qsgd[:bits=B]`` (choco: any compressor, ``topk`` and
+            ``randk`` too); consensus_step: CHOCO's gamma.
+        codec: the deprecated name of ``compressor`` (one release; a ``DeprecationWarning``).
+            After construction it holds the same resolved spec as ``compressor``.
         fanout: async mode: neighbours averaged with per round.
         round_deadline_s: sync mode: how long a round waits for neighbours.
         seed: seeds neighbour choice (with the peer id) and data order.
@@ -125,12 +130,14 @@ class PeerConfig:
     advertise: str | None = None
     client_only: bool = False
     join: Sequence[str] = ()
+    join_timeout_s: float = 60.0
     fetch_state: bool = True
     mode: Mode | None = None
     order: str | None = None
     local_steps: int | None = None
     aggregator: str | None = None
-    codec: str | None = None
+    compressor: str | None = None
+    codec: str | None = field(default=None, repr=False, compare=False)
     consensus_step: float | None = None
     byzantine: str | None = None
     fanout: int = 1
@@ -176,9 +183,13 @@ class PeerConfig:
         object.__setattr__(self, "join", tuple(self.join))
         for address in self.join:
             check_address(address, field="PeerConfig.join entry")
+        _positive("join_timeout_s", self.join_timeout_s)
         self._check_algorithm()
         if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
-            raise ValueError(f"PeerConfig.device must be {DEVICE_CHOICES}, got {self.device!r}")
+            raise ValueError(
+                f"PeerConfig.device: got {self.device!r}; allowed: "
+                + DEVICE_CHOICES.replace(" or ", ", ")
+            )
         _int("max_concurrent_exchanges", self.max_concurrent_exchanges, 1)
         self._check_topology()
         _int("fanout", self.fanout, 1)
@@ -225,7 +236,8 @@ class PeerConfig:
             )
         elif algorithm not in ALGORITHMS:
             raise ValueError(
-                f"PeerConfig.algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}"
+                f"PeerConfig.algorithm: unknown algorithm {algorithm!r}; allowed: "
+                + ", ".join(ALGORITHMS)
             )
         if self.mode is not None and self.mode != ALGORITHMS[algorithm]:
             raise ValueError(
@@ -234,17 +246,18 @@ class PeerConfig:
             )
         if self.local_steps is not None:
             _int("local_steps", self.local_steps, 1)  # a peer's run counts optimizer steps
+        compressor, named = self._compressor()
         try:
             settings = GossipConfig(
                 algorithm,
                 order=self.order,
                 local_steps=self.local_steps,
                 aggregator=self.aggregator,
-                compressor=self.codec,
+                compressor=compressor,
                 consensus_step=self.consensus_step,
             )
         except ConfigurationError as error:
-            field = "codec" if error.field == "compressor" else error.field
+            field = named if error.field == "compressor" else error.field
             raise ValueError(f"PeerConfig.{field}: {error.reason}") from None
         if self.byzantine is not None:
             self._check_byzantine(algorithm)
@@ -259,6 +272,25 @@ class PeerConfig:
             object.__setattr__(self, name, getattr(settings, name))
         object.__setattr__(self, "codec", settings.compressor)
         self.__dict__["_gossip"] = settings
+
+    def _compressor(self) -> tuple[str | None, str]:
+        """The compressor spec given, and the field it was given as (``codec``, the old
+        name, still works for one release)."""
+        if self.codec is None:
+            return self.compressor, "compressor"
+        if self.compressor is not None and self.compressor != self.codec:
+            raise ValueError(
+                f"PeerConfig.codec is the deprecated name of PeerConfig.compressor; give only "
+                f"compressor (got codec={self.codec!r}, compressor={self.compressor!r})"
+            )
+        if self.compressor is None:
+            warnings.warn(
+                "PeerConfig.codec is deprecated and goes away in the next release; use "
+                "PeerConfig.compressor",
+                DeprecationWarning,
+                stacklevel=5,
+            )
+        return self.codec, "codec"
 
     def _check_byzantine(self, algorithm: str) -> None:
         if not isinstance(self.byzantine, str) or not self.byzantine.strip():

@@ -12,11 +12,17 @@ beside the centralized one (:mod:`peer.report`). Ctrl-C (or SIGTERM) stops the s
 cleanly: SIGTERM to the group, a grace period for the final checkpoints, then SIGKILL, no
 orphans.
 
+``--save-model FILE`` has every peer write its model into the run directory and, at the
+end, writes the average of the models of the peers that finished to FILE
+(``peer.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``).
+
 This module is the command line and the order of events; ``demo`` is ``launch`` with
 defaults picked to finish in about a minute on two CPU cores: 4 peers, MNIST-1D, an MLP,
-asynchronous AD-PSGD.
+asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
+trains, each peer's full command line (``--peer-args`` included) with the peer's own parser
+(:func:`peer.cli.parse_peer_args`): a mistake is one line and exit code 2.
 
-Exit codes: 0 every peer finished, 1 a peer failed (its last stderr line is shown), 2 bad
+Exit codes: 0 every peer finished, 1 a peer failed (its reason is shown), 2 bad
 arguments, 130 stopped by Ctrl-C/SIGTERM.
 """
 
@@ -33,14 +39,13 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from peer.config import ALGORITHMS, MODES
 from peer.progress import watch
 from peer.report import collect_results, print_results
-from peer.swarm import GRACE_S, Swarm
+from peer.swarm import GRACE_S, Swarm, peer_flags
 from peer.topology import topology_names
-from peer.usage import OneLineParser
+from peer.usage import DeprecatedAlias, OneLineParser, UsageError
 from workloads.baseline import CentralizedResult
 from workloads.cache import default_cache_dir
 
@@ -70,8 +75,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test accuracy is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --dir, --json, --progress and "
-        "--peer-args is passed to each peer unchanged. Guide: docs/peer.md.",
+        epilog="Every option but --peers, --client-only, --dir, --json, --progress, "
+        "--save-model and --peer-args is passed to each peer unchanged. Guide: docs/peer.md.",
     )
     swarm = parser.add_argument_group("swarm")
     swarm.add_argument("--peers", type=int, default=4, help="number of peer processes (2-64)")
@@ -80,7 +85,10 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     )
     swarm.add_argument("--algorithm", help=", ".join(ALGORITHMS) + " (default ad-psgd)")
     swarm.add_argument("--mode", choices=MODES)
-    swarm.add_argument("--compress", help="none, fp16, bf16, qsgd:bits=B")
+    swarm.add_argument(
+        "--compressor", help="none, fp16, bf16, qsgd:bits=B (choco: topk, randk too)"
+    )
+    swarm.add_argument("--compress", dest="compressor", action=DeprecatedAlias, new="--compressor")
     swarm.add_argument("--aggregator", help="consensus spec, e.g. trimmed-mean:b=1")
     swarm.add_argument("--local-steps", type=int)
     swarm.add_argument("--consensus-step", type=float, help="choco: gamma in (0, 1]")
@@ -101,9 +109,17 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         "--peer-args", default="", metavar="ARGS", help="more peer flags, one shell-quoted string"
     )
     work = parser.add_argument_group("workload")
-    work.add_argument("--dataset", default="mnist1d:num_samples=4000")
+    work.add_argument(
+        "--dataset",
+        default="mnist1d:num_samples=4000",
+        help="workloads spec, FILE.npz, or your MODULE:FACTORY (default mnist1d:num_samples=4000)",
+    )
     work.add_argument("--partition", default="iid")
-    work.add_argument("--model", default="mlp")
+    work.add_argument(
+        "--model",
+        default="mlp",
+        help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet)",
+    )
     work.add_argument("--batch-size", type=int, default=32)
     work.add_argument("--lr", type=float, default=0.05)
     work.add_argument("--momentum", type=float, default=0.9)
@@ -120,26 +136,38 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="live table (rich), plain lines every few seconds, or nothing; auto: live on a TTY",
     )
     out.add_argument("--json", action="store_true", help="also print the results as one JSON line")
+    out.add_argument(
+        "--save-model",
+        metavar="FILE",
+        help="write the average of the finished peers' models as safetensors + JSON to FILE "
+        "(docs/models.md)",
+    )
     return parser
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if not 2 <= args.peers <= 64:
-        parser.error(f"--peers must be an integer in [2, 64], got {args.peers}")
+        parser.error(f"--peers: must be an integer in [2, 64], got {args.peers}")
     if not 0 <= args.client_only < args.peers:
-        parser.error(f"--client-only must be in [0, --peers={args.peers}), got {args.client_only}")
+        parser.error(f"--client-only: must be in [0, --peers={args.peers}), got {args.client_only}")
     if args.client_only and args.topology:
-        parser.error("--client-only cannot be combined with --topology (every rank listens)")
+        parser.error("--client-only: cannot be combined with --topology (every rank listens)")
     if args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
+        parser.error(f"--steps: must be >= 1, got {args.steps}")
     if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+        parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
     if not (math.isfinite(args.lr) and args.lr > 0):
-        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
+        parser.error(f"--lr: must be a finite number > 0, got {args.lr}")
     try:
         shlex.split(args.peer_args)
     except ValueError as error:
-        parser.error(f"--peer-args must be shell-quoted flags: {error}")
+        parser.error(f"--peer-args: must be shell-quoted flags: {error}")
+    if args.save_model is not None:
+        target = Path(args.save_model)
+        if not target.parent.is_dir():
+            parser.error(f"--save-model: folder {target.parent} does not exist (for {target})")
+        if target.suffix == ".json":
+            parser.error("--save-model: FILE must not end in .json (FILE.json is its description)")
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
     _check_peer_options(args, parser)
 
@@ -150,55 +178,52 @@ def _byzantine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tup
         return 0, None
     count, colon, attack = str(args.byzantine).partition(":")
     if not colon or not count.strip().isdigit() or not attack.strip():
-        parser.error(f"--byzantine must be K:ATTACK (e.g. 1:sign-flip), got {args.byzantine!r}")
+        parser.error(f"--byzantine: must be K:ATTACK (e.g. 1:sign-flip), got {args.byzantine!r}")
     if not 1 <= int(count) < args.peers - args.client_only:
         parser.error(
-            f"--byzantine K must be in [1, {args.peers - args.client_only}) (at least one honest "
-            f"listening peer), got {int(count)}"
+            f"--byzantine: K must be in [1, {args.peers - args.client_only}) (at least one "
+            f"honest listening peer), got {int(count)}"
         )
     return int(count), attack.strip()
 
 
 def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The options every peer gets, checked here with the peers' own validation (PeerConfig,
-    hence ``gossip.GossipConfig``, the simulator's too): one clear line now, not N failed
-    peers after the baseline has trained."""
-    from gossip.configuration import ConfigurationError
-    from peer.cli import flag_message
-    from peer.config import PeerConfig
+    """Every peer's command line, checked here with the peer's own parser and validation
+    (:func:`peer.cli.parse_peer_args`: ``PeerConfig``, hence ``gossip.GossipConfig``, the
+    simulator's check too; the workload specs; the user's code): one clear line now, not N
+    failed peers after the baseline has trained. The launcher's own options are checked
+    first, then with ``--peer-args`` added, so a mistake is blamed on the right flag."""
+    from peer.cli import parse_peer_args
 
-    addresses = tuple(f"127.0.0.1:{7000 + i}" for i in range(args.peers))
-    options: dict[str, Any] = {
-        "algorithm": args.algorithm,
-        "mode": args.mode,
-        "aggregator": args.aggregator,
-        "codec": args.compress,
-        "local_steps": args.local_steps,
-        "fanout": args.fanout if args.fanout is not None else 1,
-        "round_deadline_s": args.round_deadline_s if args.round_deadline_s is not None else 5.0,
-        "device": args.device or "cpu",
-        "seed": args.seed,
-        "consensus_step": args.consensus_step,
-        "byzantine": args.byzantine_attack,
-    }
-    if args.topology:
-        options.update(
-            topology=args.topology,
-            topology_weights=args.topology_weights,
-            peer_list=addresses,
-            rank=0,
-        )
-    try:
-        config = PeerConfig(peer_id="peer-0", **options)
-        if not args.topology and config.mode == "sync":
-            # without a topology a sync peer mixes every other member: N models in all
+    with tempfile.TemporaryDirectory(prefix="gossipnet-check-") as scratch:
+        folder = Path(scratch)
+        peer_file = None
+        if args.topology:
+            peer_file = folder / "peers.txt"
+            peer_file.write_text("".join(f"127.0.0.1:{7000 + i}\n" for i in range(args.peers)))
+        listening = args.peers - args.client_only
+        for index in sorted({0, args.peers - 1}):
+            extra = ["--client-only", "--join", "127.0.0.1:7000"] if index >= listening else []
+            flags = peer_flags(args, index, folder, secret_file=None, peer_file=peer_file)
+            given = len(shlex.split(args.peer_args))
+            own = flags[: len(flags) - given] if given else flags
+            try:
+                _, config = parse_peer_args([*own, *extra], raise_errors=True)
+            except UsageError as error:
+                parser.error(str(error))
+            try:
+                parse_peer_args([*flags, *extra], raise_errors=True)
+            except UsageError as error:
+                parser.error(f"--peer-args: {error}")
+    if not args.topology and config.mode == "sync":
+        from gossip.configuration import ConfigurationError
+
+        try:  # without a topology a sync peer mixes every other member: N models in all
             config.gossip.check_neighbourhood(
                 args.peers, where=f"--peers {args.peers} without --topology"
             )
-    except ConfigurationError as error:
-        parser.error(f"--{error.field.replace('_', '-')}: {error.reason}")
-    except (ValueError, TypeError) as error:
-        parser.error(flag_message(error))
+        except ConfigurationError as error:
+            parser.error(f"--{error.field.replace('_', '-')}: {error.reason}")
     if args.device and args.device != "cpu":
         from peer.config import resolve_device
 
@@ -259,6 +284,14 @@ def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = Fa
     watch, print the results; returns the exit code (see the module's docstring)."""
     parser = _parser(prog, demo)
     args = parser.parse_args([*(DEMO_DEFAULTS if demo else ()), *argv])
+    try:
+        return _run(args, parser, prog)
+    except KeyboardInterrupt:  # Ctrl-C before the swarm's own handler was installed
+        print(f"{prog}: stopped before the swarm started", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -> int:
     _check(args, parser)
     progress = args.progress
     if progress == "auto":
@@ -296,14 +329,19 @@ def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = Fa
         swarm.stop(GRACE_S)
     reference.join()
     results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
+    if args.save_model is not None:
+        results["model"], problem = _save_average(swarm, args)
+        failed = failed or problem
     print_results(results, args)
-    bad = [p for p in results["peers"] if p["exit_code"] not in (0, -signal.SIGTERM)]
+    bad = [p for p in results["peers"] if "error" in p]
+    if results.get("model"):
+        print(f"{prog}: {args.model_note}", file=sys.stderr)
     if args.json:
         print(json.dumps(results), flush=True)
     if failed is not None:
         print(f"{prog}: error: {failed}", file=sys.stderr)
     for entry in bad:
-        print(f"{prog}: {entry['id']} failed: {entry.get('error', '')}", file=sys.stderr)
+        print(f"{prog}: {entry['id']} failed: {entry['error']}", file=sys.stderr)
     if not keep and not interrupted and not bad and failed is None:
         import shutil
 
@@ -313,6 +351,28 @@ def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = Fa
     if interrupted:
         return 130
     return 1 if bad or failed else 0
+
+
+def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--save-model FILE``: the average of the models the honest peers that did not fail
+    wrote (``x_bar = (1/n) sum_i x_i``, :func:`peer.export.average_models`). Returns FILE
+    (or None) and a one-line problem (or None); sets ``args``' note for the summary line."""
+    from peer.export import ExportError, average_models
+
+    honest = args.peers - getattr(args, "byzantine_count", 0)
+    sources = [
+        peer.model_file
+        for peer in swarm.peers
+        if peer.index < honest and not peer.failed() and peer.model_file.is_file()
+    ]
+    if not sources:
+        return None, "--save-model: no peer wrote a model to average"
+    try:
+        written = average_models(sources, Path(args.save_model))
+    except ExportError as error:
+        return None, f"--save-model: {error}"
+    args.model_note = f"saved the average of {len(sources)} peers' models to {written}"
+    return str(written), None
 
 
 def demo_main(argv: Sequence[str], prog: str = "gossipnet demo") -> int:

@@ -3,7 +3,10 @@
 :func:`watch` polls every peer about twice a second (a peer that does not answer, or a
 client-only peer, is read from the last status line it printed) until all have exited or
 reached their steps, and draws either a live table (rich: step, loss, neighbours,
-exchanges, bytes/s; an isolated peer in bold red) or a plain line every few seconds.
+exchanges, bytes/s, state; an isolated peer in bold red) or a plain line every few seconds.
+The state column tells the truth (:meth:`peer.swarm.PeerProcess.state`): ``starting`` until
+a peer answers, ``waiting`` while it waits for the others, ``running``, ``finished`` once
+it reached its steps, ``stopped`` after Ctrl-C, ``failed: REASON``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from peer.status import human_bytes
 from peer.swarm import PeerProcess, Swarm, read_text
 
 
@@ -52,14 +56,11 @@ def _neighbours(status: dict[str, Any]) -> int:
     return len(listed)
 
 
-def status_row(peer: PeerProcess) -> list[str]:
+def status_row(peer: PeerProcess, steps: int | None = None) -> list[str]:
     """One peer's cells: id (marked client-only or ISOLATED), step, loss, live neighbours,
-    exchanges ok and failed, bytes/s, and its process state."""
-    from peer.cli import human_bytes
-
+    exchanges ok and failed, bytes/s, and its state (:meth:`PeerProcess.state` against
+    ``steps``, the steps each peer was asked for)."""
     status = peer.status
-    code = peer.process.poll()
-    state = "running" if code is None else ("done" if code == 0 else f"exit {code}")
     loss = status.get("loss")
     exchanges = status.get("exchanges")
     if not isinstance(exchanges, dict):  # not polled yet, or a client-only peer's status line
@@ -74,7 +75,7 @@ def status_row(peer: PeerProcess) -> list[str]:
         str(exchanges.get("ok", "-")),
         str(exchanges.get("failed", "-")),
         human_bytes(peer.rate) + "/s",
-        state,
+        peer.state(steps),
     ]
 
 
@@ -82,12 +83,15 @@ def live_table(swarm: Swarm) -> Any:
     """The live table; an isolated peer (no successful exchange lately) is shown in bold red."""
     from rich.table import Table
 
-    table = Table(title=f"gossipnet swarm ({len(swarm.peers)} peers)")
+    steps = swarm.args.steps
+    table = Table(title=f"gossipnet swarm ({len(swarm.peers)} peers, {steps} steps each)")
     columns = ("peer", "step", "loss", "neighbours", "exchanges ok", "failed", "bytes/s", "state")
     for column in columns:
         table.add_column(column, justify="left" if column in ("peer", "state") else "right")
     for peer in swarm.peers:
-        table.add_row(*status_row(peer), style="bold red" if peer.status.get("isolated") else None)
+        table.add_row(
+            *status_row(peer, steps), style="bold red" if peer.status.get("isolated") else None
+        )
     return table
 
 
@@ -113,8 +117,8 @@ async def watch(swarm: Swarm, mode: str, stop: asyncio.Event) -> None:
                 elif mode == "lines" and time.monotonic() - last_line >= 5.0:
                     last_line = time.monotonic()
                     parts = [
-                        f"{row[0]} step {row[1]} loss {row[2]}"
-                        for row in map(status_row, swarm.peers)
+                        f"{row[0]} step {row[1]} loss {row[2]} {row[-1]}"
+                        for row in (status_row(p, swarm.args.steps) for p in swarm.peers)
                     ]
                     print("progress: " + "; ".join(parts), file=sys.stderr, flush=True)
                 with contextlib.suppress(asyncio.TimeoutError):

@@ -2,7 +2,10 @@
 
 :func:`collect_results` gathers what each peer wrote with ``gossipnet peer --eval-out`` and
 the centralized run (:func:`workloads.train_centralized`) into one dictionary, the line
-``--json`` prints; :func:`print_results` draws it as the final table.
+``--json`` prints; :func:`print_results` draws it as the final table. Both tell the truth
+after Ctrl-C: the title says the steps the peers actually reached (``after 233-284 of
+100000 steps, stopped early``), and a peer that failed always has a reason (its last
+stderr line and exit code, or the signal that killed it).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from workloads.baseline import CentralizedResult
 
 
 def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, Any]:
-    """The run's results, what ``--json`` prints: per peer its exit code and, from its
-    ``--eval-out`` file, step, test accuracy and loss, exchanges and its attack if it was
-    Byzantine (or its last error); the centralized reference; the honest peers' mean test
-    accuracy; the run directory."""
+    """The run's results, what ``--json`` prints: per peer its exit code, state and, from
+    its ``--eval-out`` file, step, test accuracy and loss, exchanges and its attack if it was
+    Byzantine (else the step of its last status line); a failed peer's ``error`` (never
+    empty); the centralized reference; the honest peers' mean test accuracy; the steps asked
+    for and whether every peer reached them; the run directory."""
+    steps = int(swarm.args.steps)
     peers = []
     for peer in swarm.peers:
         entry: dict[str, Any] = {
@@ -36,13 +41,21 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
             entry["test_loss"] = report["test_loss"]
             for key in ("exchanges_ok", "exchanges_failed", "isolated", "byzantine"):
                 entry[key] = report.get(key)
-        elif peer.process.returncode not in (0, None):
-            entry["error"] = peer.last_error()
+        else:
+            last = peer.last_status_line() or peer.status
+            if "step" in last:
+                entry["step"] = int(last["step"])
+        if "step" in entry:
+            peer.status = {**peer.status, "step": entry["step"]}
+        entry["state"] = peer.state(steps)
+        if peer.failed():
+            entry["error"] = peer.exit_reason()
         peers.append(entry)
     # Byzantine peers (launch --byzantine) are the attack, not the swarm: left out of the mean
     accuracies = [
         p["test_accuracy"] for p in peers if "test_accuracy" in p and not p.get("byzantine")
     ]
+    reached = [p["step"] for p in peers if p.get("step") is not None]
     return {
         "peers": peers,
         "centralized": {
@@ -52,8 +65,26 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
             "error": centralized.error,
         },
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
+        "steps": steps,
+        "all_reached_steps": bool(peers) and len(reached) == len(peers)
+        and min(reached) >= steps,
         "directory": str(swarm.directory),
-    }
+    }  # fmt: skip
+
+
+def title(results: dict[str, Any], args: argparse.Namespace) -> str:
+    """The final table's title: the steps the peers reached (all of ``--steps``, or a range
+    of fewer after Ctrl-C), and the batch size."""
+    steps = int(results.get("steps", args.steps))
+    reached = [p["step"] for p in results["peers"] if p.get("step") is not None]
+    batch = f"of batch {args.batch_size}"
+    if not reached:
+        return f"no peer reported a step (of {steps} steps {batch})"
+    low, high = min(reached), max(reached)
+    if low >= steps and len(reached) == len(results["peers"]):
+        return f"test accuracy after {steps} steps {batch}"
+    span = str(low) if low == high else f"{low}-{high}"
+    return f"test accuracy after {span} of {steps} steps {batch} (stopped early)"
 
 
 def _count(value: object) -> str:
@@ -71,13 +102,15 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     reference = results["centralized"]["test_accuracy"]
-    table = Table(title=f"test accuracy after {args.steps} steps of batch {args.batch_size}")
+    table = Table(title=title(results, args))
     for column in ("", "step", "test accuracy", "vs centralized", "exchanges ok", "failed"):
         table.add_column(column, justify="left" if not column else "right")
     for entry in results["peers"]:
         accuracy = entry.get("test_accuracy")
         if accuracy is None:
-            table.add_row(entry["id"], "-", entry.get("error", "no result"), "-", "-", "-")
+            why = entry.get("error") or f"no result ({entry.get('state', 'unknown')})"
+            step = "-" if entry.get("step") is None else str(entry["step"])
+            table.add_row(entry["id"], step, why, "-", "-", "-")
             continue
         diff = "-" if reference is None else f"{100 * (accuracy - reference):+.1f} pts"
         isolated = bool(entry.get("isolated"))

@@ -5,9 +5,13 @@ group: ``peer-0`` is the bootstrap and the others ``--join`` it (or, with ``--to
 every rank gets a port in a generated peer file, :func:`free_ports`, and all start at once).
 A fresh 32-byte swarm secret is written to a file readable only by the user and passed with
 ``--secret-file``; peer i trains on shard i (``--num-peers N --peer-index i``) and writes its
-stdout, stderr, address and final evaluation into the run directory
-(:class:`PeerProcess`). :meth:`Swarm.stop` ends them together, never leaving orphans: SIGTERM
-to the group, a grace period for the final checkpoints, then SIGKILL.
+stdout, stderr, address, final evaluation (and, with ``--save-model``, its model) into the
+run directory (:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
+which ``launch`` also checks before anything starts). :meth:`Swarm.stop` ends them
+together, never leaving orphans: SIGTERM to the group, a grace period for the final
+checkpoints, then SIGKILL. :meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason`
+say truthfully where a peer is: starting, waiting for peers, running, finished, stopped
+before its steps, or failed, and why.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 GRACE_S = 15.0
 """How long stopped peers get to checkpoint and exit before SIGKILL."""
 PASS_THROUGH = (
-    "algorithm", "mode", "compress", "aggregator", "local_steps", "consensus_step", "fanout",
+    "algorithm", "mode", "compressor", "aggregator", "local_steps", "consensus_step", "fanout",
     "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "lr",
     "momentum", "seed", "steps", "device", "checkpoint_every", "log_level",
@@ -70,9 +74,54 @@ class PeerProcess:
     def address_file(self) -> Path:
         return self.directory / f"{self.peer_id}.address"
 
+    @property
+    def model_file(self) -> Path:
+        """Where ``launch --save-model`` has this peer write its model."""
+        return self.directory / f"{self.peer_id}.safetensors"
+
+    def failed(self) -> bool:
+        """Exited with an error: a non-zero exit code, or killed by a signal other than the
+        launcher's SIGTERM (which a peer answers with a clean stop, exit code 0)."""
+        code = self.process.returncode
+        return code is not None and code not in (0, -signal.SIGTERM)
+
+    def exit_reason(self) -> str:
+        """Why the process ended, never empty: for a peer that failed, its last stderr line
+        (its one-line error) with the exit code, or the signal that killed it."""
+        code = self.process.returncode
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"killed by {name}"
+        lines = [line.strip() for line in read_text(self.stderr).splitlines() if line.strip()]
+        if code == 0:
+            return "exit code 0"
+        return f"{lines[-1]} (exit code {code})" if lines else f"exit code {code}"
+
     def last_error(self) -> str:
-        lines = [line for line in read_text(self.stderr).splitlines() if line.strip()]
-        return lines[-1] if lines else f"exit code {self.process.returncode}"
+        """The reason a failed peer gave (:meth:`exit_reason`)."""
+        return self.exit_reason()
+
+    def state(self, steps: int | None = None) -> str:
+        """Where the peer is, for the live table: ``starting`` (no status yet), ``waiting``
+        (listening, step 0: waiting for the others), ``running``, ``finished`` (reached
+        ``steps``, and holding or exited), ``stopped`` (exited cleanly before ``steps``:
+        Ctrl-C), or ``failed: REASON``."""
+        step = int(self.status.get("step", 0) or 0)
+        reached = steps is None or step >= steps
+        if self.process.poll() is None:
+            if not self.status:
+                return "starting"
+            if steps is not None and step >= steps:
+                return "finished"
+            return "waiting" if step == 0 else "running"
+        if self.failed():
+            return f"failed: {self.exit_reason()}"
+        return "finished" if reached else "stopped"
 
     def last_status_line(self) -> dict[str, Any]:
         for line in reversed(read_text(self.stdout).splitlines()):
@@ -124,6 +173,47 @@ async def wait_for_address(
     raise RuntimeError(f"{peer.peer_id} did not start listening within {timeout_s:.0f} s")
 
 
+def peer_flags(
+    args: argparse.Namespace,
+    index: int,
+    directory: Path,
+    *,
+    secret_file: Path | None,
+    peer_file: Path | None,
+) -> list[str]:
+    """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
+    (:data:`PASS_THROUGH`), its shard and files in ``directory``, the topology's peer file,
+    ``--byzantine`` for the last K, then ``--peer-args``. ``launch`` parses them with the
+    peer's own parser before anything starts."""
+    flags: list[str] = []
+    for name in PASS_THROUGH:
+        value = getattr(args, name)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    flags += [
+        "--id", f"peer-{index}", "--num-peers", str(args.peers), "--peer-index", str(index),
+        "--progress", "lines",
+        "--status-every", str(max(1, args.steps // 10)),
+        "--wait-for-peers", str(args.peers - 1),
+        "--eval-out", str(directory / f"peer-{index}.eval.json"),
+    ]  # fmt: skip
+    if secret_file is not None:
+        flags += ["--secret-file", str(secret_file)]
+    if args.algorithm in (None, "ad-psgd") and args.mode in (None, "async"):
+        # Finished peers keep answering until every peer is done (then SIGTERM), so
+        # no straggler ends its run averaging with nobody.
+        flags.append("--hold")
+    if args.checkpoint_every:
+        flags += ["--checkpoint-dir", str(directory / f"peer-{index}.checkpoints")]
+    if getattr(args, "save_model", None):
+        flags += ["--save-model", str(directory / f"peer-{index}.safetensors")]
+    if peer_file is not None:
+        flags += ["--peers-file", str(peer_file), "--rank", str(index)]
+    if index >= args.peers - getattr(args, "byzantine_count", 0):  # the last K peers
+        flags += ["--byzantine", str(args.byzantine_attack)]
+    return [*flags, *shlex.split(args.peer_args)]
+
+
 class Swarm:
     """The children of one launch, in one process group (stopped together, never orphaned)."""
 
@@ -143,30 +233,13 @@ class Swarm:
             self.peer_file.write_text("".join(f"127.0.0.1:{port}\n" for port in ports))
 
     def _common(self, index: int) -> list[str]:
-        args = self.args
-        flags: list[str] = []
-        for name in PASS_THROUGH:
-            value = getattr(args, name)
-            if value is not None:
-                flags += ["--" + name.replace("_", "-"), str(value)]
-        flags += [
-            "--id", f"peer-{index}", "--num-peers", str(args.peers), "--peer-index", str(index),
-            "--secret-file", str(self.secret_file), "--progress", "lines",
-            "--status-every", str(max(1, args.steps // 10)),
-            "--wait-for-peers", str(args.peers - 1),
-            "--eval-out", str(self.directory / f"peer-{index}.eval.json"),
-        ]  # fmt: skip
-        if args.algorithm in (None, "ad-psgd") and args.mode in (None, "async"):
-            # Finished peers keep answering until every peer is done (then SIGTERM), so
-            # no straggler ends its run averaging with nobody.
-            flags.append("--hold")
-        if args.checkpoint_every:
-            flags += ["--checkpoint-dir", str(self.directory / f"peer-{index}.checkpoints")]
-        if self.peer_file is not None:
-            flags += ["--peers", str(self.peer_file), "--rank", str(index)]
-        if index >= args.peers - getattr(args, "byzantine_count", 0):  # the last K peers
-            flags += ["--byzantine", str(args.byzantine_attack)]
-        return [*flags, *shlex.split(args.peer_args)]
+        return peer_flags(
+            self.args,
+            index,
+            self.directory,
+            secret_file=self.secret_file,
+            peer_file=self.peer_file,
+        )
 
     def spawn(self, index: int, extra: Sequence[str]) -> PeerProcess:
         peer_id = f"peer-{index}"

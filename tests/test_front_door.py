@@ -28,7 +28,10 @@ def test_help_lists_every_subcommand() -> None:
 def test_unknown_subcommand_exits_2_and_lists_choices() -> None:
     result = run(str(BIN / "gossipnet"), "no-such-command")
     assert result.returncode == 2
-    assert "invalid choice: 'no-such-command'" in result.stderr
+    assert result.stderr.startswith(
+        "gossipnet: error: COMMAND: invalid choice 'no-such-command'; allowed: demo, peer,"
+    )
+    assert len(result.stderr.strip().splitlines()) == 1
     assert "topology" in result.stderr
 
 
@@ -63,3 +66,39 @@ def test_every_subcommand_resolves_to_a_main_function() -> None:
 
     for command in SUBCOMMANDS.values():
         assert callable(command.load()), command.target
+
+
+def test_status_does_not_import_torch() -> None:
+    """``gossipnet status`` answers in well under a second: its path (the dispatcher,
+    ``peer.status``, one GET that fails here) loads neither torch nor aiohttp."""
+    code = (
+        "import sys\n"
+        "from gossipnet.cli import main\n"
+        "code = main(['status', '127.0.0.1:1', '--timeout-s', '2'])\n"
+        "print(code, 'torch' in sys.modules, 'aiohttp' in sys.modules)\n"
+    )
+    result = run(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "False", "False"], result.stdout
+    assert "cannot reach http://127.0.0.1:1/v1/status" in result.stderr
+
+
+def test_import_gossipnet_is_light_and_load_model_comes_on_first_use() -> None:
+    code = (
+        "import sys, gossipnet\n"
+        "light = 'torch' not in sys.modules\n"
+        "from peer.export import load_model\n"
+        "print(light, gossipnet.load_model is load_model, 'load_model' in gossipnet.__all__)\n"
+    )
+    result = run(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "True"]
+
+
+def test_export_is_a_subcommand() -> None:
+    from gossipnet.cli import SUBCOMMANDS
+
+    assert SUBCOMMANDS["export"].target == "peer.export:main"
+    result = run(str(BIN / "gossipnet"), "export", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "gossipnet export" in result.stdout

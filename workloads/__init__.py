@@ -4,7 +4,8 @@ Both runners use this package: the simulator draws ``[n, B, ...]`` batches for
 all peers at once (:class:`StackedBatchSampler`), a networked peer iterates its
 own (:func:`peer_batches`), and the two see the same samples for the same seed. Both
 keep generated data sets in :func:`default_cache_dir`; :func:`train_centralized` is the
-one-model reference a swarm is compared with.
+one-model reference a swarm is compared with. Your own model or data set code comes in as
+``MODULE:FACTORY`` (:mod:`workloads.user_code`), an ``.npz`` file as ``FILE.npz``.
 
     >>> from workloads import load_dataset, partition, build_model, StackedBatchSampler
     >>> data = load_dataset("synthetic:num_samples=400,seed=0")
@@ -32,6 +33,7 @@ from workloads.datasets import (
     DEFAULT_DATASET,
     Dataset,
     DatasetConfig,
+    check_dataset_spec,
     flip_labels,
     load_dataset,
 )
@@ -42,11 +44,21 @@ from workloads.models import (
     NotBatchableError,
     build_model,
     check_batchable,
+    check_model_spec,
     layer_chain,
     parameter_count,
     register_model,
 )
-from workloads.partition import PARTITIONS, dirichlet, iid, label_histogram, partition, shards
+from workloads.partition import (
+    PARTITIONS,
+    check_partition_spec,
+    dirichlet,
+    iid,
+    label_histogram,
+    partition,
+    shards,
+)
+from workloads.user_code import UserCodeError
 
 __all__ = [
     "DATASETS",
@@ -62,8 +74,12 @@ __all__ = [
     "PeerBatchSampler",
     "StackedBatchSampler",
     "UnsafePickleError",
+    "UserCodeError",
     "build_model",
     "check_batchable",
+    "check_dataset_spec",
+    "check_model_spec",
+    "check_partition_spec",
     "default_cache_dir",
     "dirichlet",
     "feistel_permutation",

@@ -129,5 +129,5 @@ def lookup(registry: Mapping[str, Entry[T]], name: str, what: str) -> Entry[T]:
         return registry[name]
     except KeyError:
         raise ValueError(
-            f"unknown {what} {name!r}; choose one of: {', '.join(sorted(registry))}"
+            f"unknown {what} {name!r}; allowed: {', '.join(sorted(registry))}"
         ) from None

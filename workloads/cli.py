@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from workloads._registry import Entry
 from workloads.datasets import DATASETS, DEFAULT_DATASET, load_dataset
@@ -18,24 +19,38 @@ from workloads.models import MODELS, build_model, parameter_count
 from workloads.partition import PARTITIONS, label_histogram, partition
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr, ``PROG: error: FLAG: WHAT``, and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message.removeprefix('argument ')}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Data sets, partitions across peers and models that gossipnet trains.",
     )
-    commands = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    commands = parser.add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
     commands.add_parser("list", help="list data sets, partitions and models with their parameters")
     inspect = commands.add_parser(
         "inspect", help="load a data set, partition it and build a model; print a summary"
     )
     inspect.add_argument(
-        "--dataset", default=DEFAULT_DATASET, help="data set spec (name:key=value,...)"
+        "--dataset",
+        default=DEFAULT_DATASET,
+        help="data set spec (name:key=value,...), FILE.npz, or your MODULE:FACTORY",
     )
     inspect.add_argument(
         "--partition", default="iid", help="partition spec, e.g. dirichlet:alpha=0.1"
     )
     inspect.add_argument("--peers", type=int, default=8, help="number of peers (>= 1)")
-    inspect.add_argument("--model", default="mlp", help="model spec, e.g. mlp:hidden=64")
+    inspect.add_argument(
+        "--model", default="mlp", help="model spec, e.g. mlp:hidden=64, or your MODULE:FACTORY"
+    )
     inspect.add_argument("--seed", type=int, default=0, help="seed of the partition and the model")
     return parser
 

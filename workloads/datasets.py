@@ -6,9 +6,15 @@ Built in (``DATASETS``; spec syntax ``name:key=value,...``):
   generated locally with the ``mnist1d`` package's ``make_dataset``; 40 features,
   10 classes. Optional on-disk ``.npz`` cache keyed by the generation arguments.
 - ``synthetic``: a seeded Gaussian-mixture classification set.
-- ``npz``: the user's own arrays ``x, y, x_test, y_test`` from an ``.npz``.
+- ``npz``: the user's own arrays from an ``.npz`` (``x, y, x_test, y_test``, or the
+  training keys spelled ``x_train, y_train``, or ``x, y`` alone with a seeded held-out
+  split); ``FILE.npz`` alone is short for ``npz:path=FILE.npz``.
 - ``mnist``: MNIST (or Fashion-MNIST) IDX files from a local folder, gzipped or not.
 - ``cifar10``: CIFAR-10 from a local folder, binary or python version.
+
+Your own loader: ``MODULE:FACTORY`` (``mydata.py:load``, ``mypkg.data:load``; see
+:mod:`workloads.user_code`) calls ``FACTORY(**params)``, which returns a :class:`Dataset`
+or a mapping of arrays under the ``.npz`` keys.
 
 Example::
 
@@ -37,18 +43,21 @@ import torch
 from workloads._registry import REQUIRED, Entry, Param, lookup, parse_spec
 from workloads.formats import (
     DataFileError,
+    check_arrays,
     cifar10_batch_files,
     read_cifar10_binary_batch,
     read_cifar10_python_batch,
     read_idx,
     read_npz_arrays,
 )
+from workloads.user_code import CodeSpec, UserCodeError, call_factory, load_factory, parse_code_spec
 
 __all__ = [
     "DATASETS",
     "DEFAULT_DATASET",
     "Dataset",
     "DatasetConfig",
+    "check_dataset_spec",
     "cifar10",
     "flip_labels",
     "load_dataset",
@@ -303,25 +312,95 @@ def synthetic(
 # --------------------------------------------------------------------------- user files
 
 
-def npz(path: str, num_classes: int | None = None) -> Dataset:
-    """The user's arrays from an ``.npz`` holding ``x, y, x_test, y_test`` (no pickle).
+def npz(
+    path: str,
+    num_classes: int | None = None,
+    test_fraction: float | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """The user's arrays from an ``.npz`` (no pickle).
 
-    ``x``/``x_test`` numeric ``[N, ...]`` (cast to float32), ``y``/``y_test``
-    integer ``[N]``. ``num_classes`` defaults to the largest label + 1; when
-    given, every label must be below it.
+    Keys (:data:`~workloads.formats.LAYOUTS`): ``x, y, x_test, y_test``; or ``x_train,
+    y_train, x_test, y_test``; or ``x, y`` (``x_train, y_train``) alone, in which case a
+    seeded random ``test_fraction`` (default 0.2) of the samples is held out for testing,
+    the same for every peer that loads the file with the same ``seed`` (default 0,
+    independent of a run's seed so that every peer of a swarm holds out the same samples).
+    ``x`` numeric ``[N, ...]`` (cast to float32), ``y`` integer ``[N]``. ``num_classes``
+    defaults to the largest label + 1; when given, every label must be below it.
     """
-    arrays = read_npz_arrays(path)
+    return _from_arrays("npz", read_npz_arrays(path), path, num_classes, test_fraction, seed)
+
+
+def _from_arrays(
+    name: str,
+    arrays: dict[str, np.ndarray],
+    source: str,
+    num_classes: int | None,
+    test_fraction: float | None,
+    seed: int,
+) -> Dataset:
+    """A :class:`Dataset` from checked arrays (:func:`~workloads.formats.check_arrays`),
+    holding out ``test_fraction`` when they have no test split."""
+    if "x_test" in arrays:
+        if test_fraction is not None:
+            raise DataFileError(
+                f"{source}: test_fraction applies only to arrays without x_test, y_test; "
+                "allowed: leave it out, or drop the test keys"
+            )
+    else:
+        fraction = 0.2 if test_fraction is None else test_fraction
+        if not 0.0 < fraction < 1.0:
+            raise DataFileError(f"{source}: test_fraction must lie in (0, 1), got {fraction}")
+        count = len(arrays["y"])
+        held = round(count * fraction)
+        if held < 1 or held >= count:
+            raise DataFileError(
+                f"{source}: {count} samples cannot be split into train and test with "
+                f"test_fraction={fraction}; allowed: at least 2 samples and both splits non-empty"
+            )
+        order = np.random.default_rng(seed).permutation(count)
+        test, train = order[:held], order[held:]
+        arrays = {
+            "x": arrays["x"][train],
+            "y": arrays["y"][train],
+            "x_test": arrays["x"][test],
+            "y_test": arrays["y"][test],
+        }
     largest = max(int(arrays["y"].max()), int(arrays["y_test"].max(initial=0)))
     if num_classes is None:
         num_classes = max(largest + 1, 2)
     elif largest >= num_classes:
         key = "y" if int(arrays["y"].max()) == largest else "y_test"
         raise DataFileError(
-            f"{path}: key {key!r} holds label {largest}, outside 0..{num_classes - 1} "
+            f"{source}: key {key!r} holds label {largest}, outside 0..{num_classes - 1} "
             f"(num_classes={num_classes})"
         )
     return _from_numpy(
-        "npz", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], num_classes
+        name, arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], num_classes
+    )
+
+
+def _user_dataset(code: CodeSpec, params: Mapping[str, Any]) -> Dataset:
+    """Call the user's data set factory and check what it returned: a :class:`Dataset` as
+    it is, a mapping of arrays (numpy or torch) as an ``.npz`` file's keys."""
+    factory = load_factory(code, "dataset")
+    result = call_factory(factory, code, "dataset", **params)
+    if isinstance(result, Dataset):
+        return result
+    if isinstance(result, Mapping):
+        arrays = {
+            str(key): value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+            for key, value in result.items()
+        }
+        try:
+            checked = check_arrays(arrays, str(code))
+            return _from_arrays(str(code), checked, str(code), None, None, 0)
+        except ValueError as error:
+            raise UserCodeError("dataset", str(error)) from None
+    raise UserCodeError(
+        "dataset",
+        f"{code} returned a value of type {type(result).__name__}; allowed: a workloads.Dataset, or a "
+        "mapping of arrays x_train, y_train, x_test, y_test (or x, y alone)",
     )
 
 
@@ -430,8 +509,12 @@ DATASETS: dict[str, Entry[Dataset]] = {
         "npz",
         npz,
         {
-            "path": Param(str, REQUIRED, ".npz file with x, y, x_test, y_test"),
+            "path": Param(str, REQUIRED, ".npz file with x, y, x_test, y_test (or x, y)"),
             "num_classes": Param(int, None, "number of classes (default: largest label + 1)", True),
+            "test_fraction": Param(
+                float, None, "held out for testing when the file has no x_test, y_test (0.2)", True
+            ),
+            "seed": Param(int, 0, "seed of that held-out split"),
         },
         "your own arrays from an .npz file",
     ),
@@ -466,25 +549,60 @@ class DatasetConfig:
 
     @classmethod
     def from_spec(cls, spec: str) -> DatasetConfig:
-        """``DatasetConfig`` from ``"name:key=value,..."``."""
-        name, params = parse_spec(spec, "dataset")
+        """``DatasetConfig`` from ``"name:key=value,..."`` (or ``"FILE.npz"``)."""
+        name, params = _registry_spec(spec)
         return cls(name, params)
 
 
+def _registry_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Name and parameters of a registry spec; ``FILE.npz`` is ``npz:path=FILE.npz``."""
+    if (
+        isinstance(spec, str)
+        and spec.strip().lower().endswith(".npz")
+        and spec.partition(":")[0].strip() not in DATASETS
+    ):
+        return "npz", {"path": spec.strip()}
+    return parse_spec(spec, "dataset")
+
+
 def load_dataset(spec: str | DatasetConfig = DEFAULT_DATASET, **params: Any) -> Dataset:
-    """Load a data set by spec string (``"mnist1d:num_samples=2000"``) or :class:`DatasetConfig`.
+    """Load a data set by spec string (``"mnist1d:num_samples=2000"``, ``"data.npz"``,
+    ``"mydata.py:load"``) or :class:`DatasetConfig`.
 
     Keyword ``params`` override the spec's. Unknown names raise ``ValueError``
-    listing the choices; unknown or ill-typed parameters name the parameter.
+    listing the choices; unknown or ill-typed parameters name the parameter. A
+    ``MODULE:FACTORY`` spec calls your factory with ``params``
+    (:class:`~workloads.user_code.UserCodeError` if it fails or returns something else
+    than a data set).
     """
     if isinstance(spec, str):
-        name, given = parse_spec(spec, "dataset")
+        code = parse_code_spec(spec, DATASETS)
+        if code is not None:
+            return _user_dataset(code, params)
+        name, given = _registry_spec(spec)
         config = DatasetConfig(name, {**given, **params})
     elif isinstance(spec, DatasetConfig):
         config = DatasetConfig(spec.name, {**spec.params, **params}) if params else spec
     else:
         raise ValueError(f"dataset spec must be a str or DatasetConfig, got {type(spec).__name__}")
     return DATASETS[config.name].factory(**config.params)
+
+
+def check_dataset_spec(spec: str) -> None:
+    """Check a data set spec without loading any data: a registered name with known, well
+    typed parameters (and, for ``FILE.npz`` or ``npz:path=FILE``, an existing file), or
+    ``MODULE:FACTORY`` whose module imports and whose factory is callable. Raises
+    ``ValueError`` (a :class:`~workloads.user_code.UserCodeError` for user code)."""
+    code = parse_code_spec(spec, DATASETS)
+    if code is not None:
+        load_factory(code, "dataset")
+        return
+    config = DatasetConfig.from_spec(spec)
+    path = config.params.get("path")
+    if path is not None and config.name == "npz" and not Path(path).is_file():
+        raise DataFileError(f"{path}: no such file; allowed: an existing .npz file")
+    if path is not None and config.name != "npz" and not Path(path).is_dir():
+        raise DataFileError(f"{config.name}: path {path} is not a folder")
 
 
 # --------------------------------------------------------------------------- label flipping

@@ -25,6 +25,7 @@ __all__ = [
     "CifarUnpickler",
     "DataFileError",
     "UnsafePickleError",
+    "check_arrays",
     "read_cifar10_binary_batch",
     "read_cifar10_python_batch",
     "read_idx",
@@ -243,14 +244,19 @@ def cifar10_batch_files(folder: Path) -> tuple[str, list[Path], Path]:
 # --------------------------------------------------------------------------- npz
 
 NPZ_KEYS = ("x", "y", "x_test", "y_test")
+"""The keys of a complete data set in an ``.npz``; ``x_train``/``y_train`` may stand for ``x``/``y``,
+and ``x_test``/``y_test`` may be left out (then the caller holds out a split)."""
+_TRAIN_NAMES = {"x_train": "x", "y_train": "y"}
+LAYOUTS = "x, y, x_test, y_test; x_train, y_train, x_test, y_test; or x, y alone"
+"""The key layouts :func:`check_arrays` accepts, as an error message lists them."""
 
 
 def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:
-    """Load ``x, y, x_test, y_test`` from an ``.npz`` with ``allow_pickle=False``.
+    """Load a data set's arrays from an ``.npz`` with ``allow_pickle=False``.
 
-    Checks: every key present, no object arrays, ``x``/``x_test`` numeric with
-    equal per-sample shapes, ``y``/``y_test`` 1-D integer, lengths matching,
-    labels non-negative. Each error names the key.
+    Returns ``x, y`` and, when the file has a test split, ``x_test, y_test``; the file may
+    spell the training keys ``x_train, y_train``. :func:`check_arrays` lists the checks.
+    Each error names the file and the key.
     """
     path = Path(path)
     if not path.is_file():
@@ -260,16 +266,12 @@ def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:
     except (ValueError, OSError) as error:
         raise DataFileError(f"{path}: not a readable .npz file ({error})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataFileError(f"{path}: expected an .npz archive with keys {', '.join(NPZ_KEYS)}")
+        raise DataFileError(f"{path}: expected an .npz archive with keys {LAYOUTS}")
     with archive:
-        missing = [k for k in NPZ_KEYS if k not in archive.files]
-        if missing:
-            raise DataFileError(
-                f"{path}: missing key(s) {', '.join(missing)}; the archive must hold "
-                f"{', '.join(NPZ_KEYS)} (found: {', '.join(archive.files) or 'none'})"
-            )
         arrays: dict[str, np.ndarray] = {}
-        for key in NPZ_KEYS:
+        for key in archive.files:
+            if key not in (*NPZ_KEYS, *_TRAIN_NAMES):
+                continue  # other arrays in the file are not ours to read
             try:
                 arrays[key] = archive[key]
             except ValueError:
@@ -277,32 +279,66 @@ def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:
                     f"{path}: key {key!r} holds an object array, which would need pickle; "
                     "store a numeric array"
                 ) from None
-    for key in ("x", "x_test"):
+        found = archive.files
+    return check_arrays(arrays, str(path), found=found)
+
+
+def check_arrays(
+    arrays: dict[str, np.ndarray], source: str, found: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """The arrays of one data set under the keys ``x, y`` (and ``x_test, y_test`` when given),
+    checked: ``x``/``x_test`` numeric with at least 2 dimensions and equal per-sample shapes,
+    ``y``/``y_test`` 1-D integer, non-negative, one per sample, ``x`` not empty; no object
+    arrays. ``x_train``/``y_train`` are accepted for ``x``/``y``. ``source`` names the file
+    (or factory) in errors; ``found`` lists every key it had."""
+    for train, short in _TRAIN_NAMES.items():
+        if train in arrays and short in arrays:
+            raise DataFileError(
+                f"{source}: keys {short!r} and {train!r} both given; allowed: one of them"
+            )
+    arrays = {_TRAIN_NAMES.get(key, key): value for key, value in arrays.items()}
+    test = [key for key in ("x_test", "y_test") if key in arrays]
+    wanted = NPZ_KEYS if test else NPZ_KEYS[:2]
+    missing = [key for key in wanted if key not in arrays]
+    if missing:
+        keys = ", ".join(found if found is not None else arrays) or "none"
+        raise DataFileError(
+            f"{source}: missing key(s) {', '.join(missing)} (found: {keys}); allowed: {LAYOUTS}"
+        )
+    arrays = {key: arrays[key] for key in wanted}
+    for key, value in arrays.items():
+        if not isinstance(value, np.ndarray) or value.dtype.kind == "O":
+            raise DataFileError(
+                f"{source}: key {key!r} holds an object array, which would need pickle; "
+                "store a numeric array"
+            )
+    for key in ("x", "x_test")[: len(wanted) // 2]:
         kind = arrays[key].dtype.kind
         if kind not in "fiu" or arrays[key].ndim < 2:
             raise DataFileError(
-                f"{path}: key {key!r} must be a numeric (float or integer) array [N, ...] with "
-                f"at least 2 dimensions, got dtype {arrays[key].dtype} shape {arrays[key].shape}"
+                f"{source}: key {key!r} must be a numeric (float or integer) array [N, ...] "
+                f"with at least 2 dimensions, got dtype {arrays[key].dtype} shape "
+                f"{arrays[key].shape}"
             )
-    for key in ("y", "y_test"):
+    for key in ("y", "y_test")[: len(wanted) // 2]:
         if arrays[key].dtype.kind not in "iu" or arrays[key].ndim != 1:
             raise DataFileError(
-                f"{path}: key {key!r} must be a 1-D integer label array, got dtype "
+                f"{source}: key {key!r} must be a 1-D integer label array, got dtype "
                 f"{arrays[key].dtype} shape {arrays[key].shape}"
             )
         if arrays[key].size and arrays[key].min() < 0:
-            raise DataFileError(f"{path}: key {key!r} holds a negative label {arrays[key].min()}")
-    for x_key, y_key in (("x", "y"), ("x_test", "y_test")):
+            raise DataFileError(f"{source}: key {key!r} holds a negative label {arrays[key].min()}")
+    for x_key, y_key in (("x", "y"), ("x_test", "y_test"))[: len(wanted) // 2]:
         if len(arrays[x_key]) != len(arrays[y_key]):
             raise DataFileError(
-                f"{path}: key {y_key!r} has {len(arrays[y_key])} labels but {x_key!r} has "
+                f"{source}: key {y_key!r} has {len(arrays[y_key])} labels but {x_key!r} has "
                 f"{len(arrays[x_key])} samples"
             )
-    if arrays["x"].shape[1:] != arrays["x_test"].shape[1:]:
+    if test and arrays["x"].shape[1:] != arrays["x_test"].shape[1:]:
         raise DataFileError(
-            f"{path}: key 'x_test' has sample shape {arrays['x_test'].shape[1:]} but 'x' has "
-            f"{arrays['x'].shape[1:]}"
+            f"{source}: key 'x_test' has sample shape {arrays['x_test'].shape[1:]} but 'x' "
+            f"has {arrays['x'].shape[1:]}"
         )
     if len(arrays["x"]) == 0:
-        raise DataFileError(f"{path}: key 'x' is empty")
+        raise DataFileError(f"{source}: key 'x' is empty")
     return arrays

@@ -17,6 +17,7 @@ says which submodule of a user model stands in the way.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from workloads._registry import Entry, Param, lookup, parse_spec
+from workloads.user_code import CodeSpec, UserCodeError, call_factory, load_factory, parse_code_spec
 
 __all__ = [
     "MLP",
@@ -36,6 +38,7 @@ __all__ = [
     "NotBatchableError",
     "build_model",
     "check_batchable",
+    "check_model_spec",
     "layer_chain",
     "parameter_count",
     "register_model",
@@ -269,16 +272,23 @@ def build_model(
     seed: int = 0,
     **params: Any,
 ) -> nn.Module:
-    """Build a model with a seeded initialisation: a registered name or any factory.
+    """Build a model with a seeded initialisation: a registered name, your own code, or any
+    factory.
 
     ``name`` may carry parameters (``"mlp:hidden=64"``); keyword ``params``
     override them. A callable ``name`` is called as
-    ``name(input_shape, num_classes, **params)``. The initialisation draws from
-    a forked CPU RNG seeded with ``seed``, so the caller's global torch RNG is
-    left untouched and the same seed gives bit-identical weights.
+    ``name(input_shape, num_classes, **params)``. ``"MODULE:FACTORY"`` (``"mymodel.py:MyNet"``,
+    ``"mypkg.models:make_net"``; :mod:`workloads.user_code`) loads your factory and calls it
+    as ``FACTORY(input_shape, num_classes, **params)``, or ``FACTORY(**params)`` when it takes
+    no shape; it must return an ``nn.Module`` (else :class:`~workloads.user_code.UserCodeError`).
+    The initialisation draws from a forked CPU RNG seeded with ``seed``, so the caller's
+    global torch RNG is left untouched and the same seed gives bit-identical weights.
     """
+    code = None
     if callable(name):
         factory, resolved = name, dict(params)
+    elif (code := parse_code_spec(name, MODELS)) is not None:
+        factory, resolved = _user_model(code, params), dict(params)
     else:
         base, given = parse_spec(name, "model")
         entry = lookup(MODELS, base, "model")
@@ -292,8 +302,60 @@ def build_model(
         torch.default_generator.manual_seed(seed)
         model = factory(shape, num_classes, **resolved)
     if not isinstance(model, nn.Module):
+        if code is not None:
+            raise UserCodeError(
+                "model",
+                f"{code} returned a value of type {type(model).__name__}; allowed: a torch.nn.Module",
+            )
         raise ValueError(f"model factory returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def _takes_shape(factory: Callable[..., Any], code: CodeSpec, params: Mapping[str, Any]) -> bool:
+    """Whether a user factory is called with ``(input_shape, num_classes)`` (else with its
+    keyword parameters alone); a factory that takes neither is refused up front."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass the shape
+        return True
+    for arguments, takes in (((None, None), True), ((), False)):
+        try:
+            signature.bind(*arguments, **params)
+        except TypeError:
+            continue
+        return takes
+    given = f" and keyword arguments {', '.join(params)}" if params else ""
+    raise UserCodeError(
+        "model",
+        f"{code} cannot be called with (input_shape, num_classes){given} nor without them; "
+        f"allowed: a callable taking (input_shape, num_classes) or no arguments",
+    )
+
+
+def _user_model(code: CodeSpec, params: Mapping[str, Any]) -> ModelFactory:
+    """The user's factory, called the way its signature asks, its errors named."""
+    factory = load_factory(code, "model")
+    takes_shape = _takes_shape(factory, code, params)
+
+    def build(input_shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> nn.Module:
+        arguments = (input_shape, num_classes) if takes_shape else ()
+        built: nn.Module = call_factory(factory, code, "model", *arguments, **kwargs)
+        return built
+
+    return build
+
+
+def check_model_spec(spec: str) -> None:
+    """Check a model spec without building the model: a registered name with known, well
+    typed parameters, or ``MODULE:FACTORY`` whose module imports and whose factory is a
+    callable with a usable signature. Raises ``ValueError`` (a
+    :class:`~workloads.user_code.UserCodeError` for user code) saying what is wrong."""
+    code = parse_code_spec(spec, MODELS)
+    if code is not None:
+        _takes_shape(load_factory(code, "model"), code, {})
+        return
+    base, given = parse_spec(spec, "model")
+    lookup(MODELS, base, "model").resolve(given)
 
 
 def parameter_count(model: nn.Module) -> int:

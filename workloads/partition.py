@@ -31,6 +31,7 @@ from workloads._registry import REQUIRED, Entry, Param, lookup, parse_spec
 
 __all__ = [
     "PARTITIONS",
+    "check_partition_spec",
     "dirichlet",
     "iid",
     "label_histogram",
@@ -326,6 +327,13 @@ def partition(
     entry = lookup(PARTITIONS, name, "partition")
     resolved = entry.resolve({**given, **params})
     return entry.factory(labels, num_peers, seed=seed, **resolved)
+
+
+def check_partition_spec(spec: str) -> None:
+    """Check a partition spec without partitioning anything: a registered name with known,
+    well typed parameters; ``ValueError`` saying what is wrong otherwise."""
+    name, given = parse_spec(spec, "partition")
+    lookup(PARTITIONS, name, "partition").resolve(given)
 
 
 def label_histogram(

@@ -106,9 +106,14 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--id", "a", "--mode", "gossip"], "invalid choice: 'gossip'"),
-        (["--id", "a", "--codec", "topk"], "--compress: topk drops most coordinates"),
-        (["--id", "a", "--compress", "randk"], "--compress: randk drops most coordinates"),
+        (
+            ["--id", "a", "--mode", "gossip"],
+            "gossipnet peer: error: --mode: invalid choice 'gossip'; allowed: async, sync",
+        ),
+        (
+            ["--id", "a", "--compressor", "topk"],
+            "gossipnet peer: error: --compressor: topk drops most coordinates",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str) -> None:
@@ -118,17 +123,36 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
     )  # fmt: skip
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert message in lines[-1]
+    assert lines[-1].startswith(message), lines
     assert len(lines) == 1, lines  # one line, no usage block before it
+
+
+@pytest.mark.parametrize("old", ["--compress", "--codec"])
+def test_a_renamed_flag_still_works_and_says_so_in_one_line(old: str) -> None:
+    result = subprocess.run(
+        gossipnet("--id", "a", old, "randk", *WORKLOAD),
+        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gossipnet peer: warning: {old} is deprecated and goes away in the next release; use "
+        "--compressor",
+        "gossipnet peer: error: --compressor: randk drops most coordinates of the model ad-psgd "
+        "sends, which the receiver then mixes in as zeros; use none, fp16, bf16, qsgd, or "
+        "choco, which sends compressed differences",
+    ]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--id", "a b"], "--id must be"),
-        (["--id", "a", "--algorithm", "choco"], "--topology is required for choco"),
-        (["--id", "a", "--algorithm", "sgd"], "--algorithm must be one of ['ad-psgd', 'dpsgd'"),
-        (["--id", "a", "--algorithm", "dpsgd", "--mode", "async"], "--mode 'async' contradicts"),
+        (["--id", "a b"], "--id: must be"),
+        (["--id", "a", "--algorithm", "choco"], "--topology: is required for choco"),
+        (
+            ["--id", "a", "--algorithm", "sgd"],
+            "--algorithm: unknown algorithm 'sgd'; allowed: ad-psgd, dpsgd, local-sgd, push-sum,",
+        ),
+        (["--id", "a", "--algorithm", "dpsgd", "--mode", "async"], "--mode: 'async' contradicts"),
         (
             ["--id", "a", "--algorithm", "local-sgd", "--local-steps", "1"],
             "--local-steps: must be an integer >= 2 for local-sgd",
@@ -137,30 +161,51 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
             ["--id", "a", "--algorithm", "push-sum", "--aggregator", "krum"],
             "--aggregator: is not used by push-sum",
         ),
-        (["--id", "a", "--byzantine", "nosuch", "--mode", "sync"], "--byzantine: unknown attack"),
-        (["--id", "a", "--byzantine", "sign-flip"], "--byzantine needs a synchronous algorithm"),
+        (
+            ["--id", "a", "--byzantine", "nosuch", "--mode", "sync"],
+            "--byzantine: unknown attack 'nosuch'; allowed: sign-flip, gaussian,",
+        ),
+        (["--id", "a", "--byzantine", "sign-flip"], "--byzantine: needs a synchronous algorithm"),
         (
             ["--id", "a", "--aggregator", "trimmed-mean:b=1"],
             "--aggregator: trimmed-mean:b=1 cannot run: trimmed-mean needs n > 2b, got n=2",
         ),
         (["--id", "a", "--algorithm", "ad-psgd", "--order", "adapt-then-combine"], "--order:"),
-        (["--id", "a", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:INDEX"),
-        (["--id", "a", "--max-concurrent-exchanges", "0"], "--max-concurrent-exchanges must be"),
-        (["--id", "a", "--topology", "ring"], "--topology and --rank need --peers FILE"),
-        (["--id", "a", "--log-level", "loud"], "--log-level: invalid choice"),
-        (["--id", "a", "--aggregator", "nosuch"], "--aggregator: unknown aggregator 'nosuch'"),
+        (
+            ["--id", "a", "--device", "tpu"],
+            "--device: got 'tpu'; allowed: auto, cpu, cuda, cuda:INDEX",
+        ),
+        (["--id", "a", "--max-concurrent-exchanges", "0"], "--max-concurrent-exchanges: must be"),
+        (["--id", "a", "--topology", "ring"], "--topology: needs --peers-file FILE"),
+        (
+            ["--id", "a", "--log-level", "loud"],
+            "--log-level: invalid choice 'LOUD'; allowed: DEBUG, INFO, WARNING, ERROR",
+        ),
+        (
+            ["--id", "a", "--aggregator", "nosuch"],
+            "--aggregator: unknown aggregator 'nosuch'; allowed: mean, median,",
+        ),
         (
             ["--id", "a", "--peer-index", "2", "--num-peers", "2"],
-            "--peer-index must be in [0, --num-peers=2)",
+            "--peer-index: must be in [0, --num-peers=2)",
         ),
-        (["--id", "a", "--steps", "-1"], "--steps must be >= 0"),
-        (["--id", "a", "--client-only"], "join must name at least one peer"),
+        (["--id", "a", "--steps", "-1"], "--steps: must be >= 0"),
+        (["--id", "a", "--client-only"], "--join: must name at least one peer"),
         (
             ["--id", "a", "--round-deadline-s", "0"],
-            "--round-deadline-s must be a finite number > 0",
+            "--round-deadline-s: must be a finite number > 0",
         ),
-        (["--id", "a", "--secret-file", "/nonexistent/secret"], "No such file"),
-        (["--id", "a", "--dataset", "nosuch"], "nosuch"),
+        (["--id", "a", "--join-timeout-s", "0"], "--join-timeout-s: must be a finite number > 0"),
+        (
+            ["--id", "a", "--secret-file", "/nonexistent/secret"],
+            "--secret-file: cannot read /nonexistent/secret (No such file or directory)",
+        ),
+        (
+            ["--id", "a", "--dataset", "nosuch"],
+            "--dataset: unknown dataset 'nosuch'; allowed: cifar10, mnist, mnist1d, npz,",
+        ),
+        (["--id", "a", "--partition", "nosuch"], "--partition: unknown partition 'nosuch'"),
+        (["--id", "a", "--model", "mlp:width=3"], "--model: mlp: unknown parameter(s) width"),
     ],
 )
 def test_more_bad_arguments_in_process(
@@ -175,16 +220,23 @@ def test_more_bad_arguments_in_process(
     with pytest.raises(SystemExit) as info:
         main([*WORKLOAD, *args], "gossipnet peer")
     assert info.value.code == 2
-    assert message in capsys.readouterr().err.splitlines()[-1]
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("gossipnet peer: error: ") and message in err[-1], err
+    assert len(err) == 1, err
 
 
-def test_unreachable_bootstrap_exits_1() -> None:
+def test_an_unreachable_bootstrap_is_retried_then_one_line_exit_2() -> None:
     result = subprocess.run(
-        gossipnet("--id", "a", "--join", "127.0.0.1:1", "--request-timeout-s", "2", *WORKLOAD),
-        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60,
+        gossipnet("--id", "a", "--join", "127.0.0.1:1", "--join-timeout-s", "2",
+                  "--request-timeout-s", "1", *WORKLOAD),
+        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=90,
     )  # fmt: skip
-    assert result.returncode == 1
-    assert "could not join via any of: 127.0.0.1:1" in result.stderr.splitlines()[-1]
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        "gossipnet peer: error: --join 127.0.0.1:1: no answer within 2 s; start that peer first"
+    ), lines
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
@@ -200,7 +252,7 @@ def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(
     ("lines", "extra", "message"),
     [
-        (["127.0.0.1:7001", "127.0.0.1:7002"], ["--rank", "2"], "--rank must be in [0, 2)"),
+        (["127.0.0.1:7001", "127.0.0.1:7002"], ["--rank", "2"], "--rank: must be in [0, 2)"),
         (["127.0.0.1:7001", "nonsense"], ["--rank", "0"], "line 3 must be HOST:PORT"),
         (
             ["127.0.0.1:7001", "127.0.0.1:7001"],
@@ -208,7 +260,7 @@ def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str])
             "line 3: 127.0.0.1:7001 is listed twice",
         ),
         (["127.0.0.1:7001"], ["--rank", "0"], "must list at least 2 HOST:PORT lines, got 1"),
-        (["127.0.0.1:7001", "127.0.0.1:7002"], [], "--peers FILE needs --rank"),
+        (["127.0.0.1:7001", "127.0.0.1:7002"], [], "--peers-file: FILE needs --rank"),
         (
             ["127.0.0.1:7001", "127.0.0.1:7002"],
             ["--rank", "0", "--topology", "nosuch"],
@@ -229,7 +281,7 @@ def test_bad_peer_files_and_ranks_exit_2(
 
     peers = tmp_path / "peers.txt"
     peers.write_text("# the swarm\n" + "\n".join(lines) + "\n")
-    args = ["--id", "a", "--peers", str(peers), *extra]
+    args = ["--id", "a", "--peers-file", str(peers), *extra]
     if "--topology" not in extra:
         args += ["--topology", "ring"]
     with pytest.raises(SystemExit) as info:
@@ -244,10 +296,10 @@ def test_missing_peer_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
 
     missing = tmp_path / "nope.txt"
     with pytest.raises(SystemExit) as info:
-        main([*WORKLOAD, "--id", "a", "--topology", "ring", "--peers", str(missing), "--rank", "0"],
-             "gossipnet peer")  # fmt: skip
+        main([*WORKLOAD, "--id", "a", "--topology", "ring", "--peers-file", str(missing), "--rank",
+              "0"], "gossipnet peer")  # fmt: skip
     assert info.value.code == 2
-    assert f"--peers: cannot read {missing}" in capsys.readouterr().err
+    assert f"--peers-file: cannot read {missing}" in capsys.readouterr().err
 
 
 def test_live_progress_line_and_json_logs_on_stderr() -> None:

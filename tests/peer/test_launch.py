@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from .conftest import started_peer
 
@@ -90,14 +91,16 @@ def step_of(address: str) -> int:
 def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: str) -> None:
     launcher = subprocess.Popen(
         gossipnet("launch", "--peers", "3", "--steps", "1000000", "--dataset",
-                  "synthetic:num_samples=600", "--dir", str(tmp_path), "--progress", "lines"),
+                  "synthetic:num_samples=600", "--dir", str(tmp_path), "--progress", "lines",
+                  "--json"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(cache), cwd=ROOT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             files = [tmp_path / f"peer-{i}.pid" for i in range(3)]
-            if all(f.exists() for f in files) and (tmp_path / "peer-2.address").exists():
+            addresses = [tmp_path / f"peer-{i}.address" for i in range(3)]
+            if all(f.exists() for f in [*files, *addresses]):
                 break
             assert launcher.poll() is None, launcher.communicate()
             time.sleep(0.1)
@@ -107,7 +110,7 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
             while step_of(address) < 1 and time.monotonic() < deadline:
                 time.sleep(0.1)
         launcher.send_signal(signal.SIGINT)
-        _, err = launcher.communicate(timeout=60)
+        out, err = launcher.communicate(timeout=60)
     finally:
         launcher.kill()
     assert launcher.returncode == 130, err
@@ -117,40 +120,49 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
     for i in range(3):  # each stopped cleanly: a final line and an evaluation
         assert final_status(tmp_path / f"peer-{i}.out")["stopped"] is True
         assert json.loads((tmp_path / f"peer-{i}.eval.json").read_text())["step"] > 0
+    # The final table tells the truth: the steps reached, not the 1,000,000 asked for.
+    results = json.loads(out.splitlines()[-1])
+    reached = sorted(peer["step"] for peer in results["peers"])
+    assert reached[0] > 0 and reached[-1] < 1_000_000 and results["all_reached_steps"] is False
+    span = str(reached[0]) if reached[0] == reached[-1] else f"{reached[0]}-{reached[-1]}"
+    assert f"test accuracy after {span} of 1000000 steps of batch 32 (stopped early)" in out
+    assert [peer["state"] for peer in results["peers"]] == ["stopped"] * 3
+    assert not any("error" in peer for peer in results["peers"])  # a clean stop, not a failure
+    assert "failed" not in err
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["launch", "--peers", "1"], "--peers must be an integer in [2, 64], got 1"),
+        (["launch", "--peers", "1"], "--peers: must be an integer in [2, 64], got 1"),
         (
             ["launch", "--peers", "3", "--client-only", "3"],
-            "--client-only must be in [0, --peers=3)",
+            "--client-only: must be in [0, --peers=3)",
         ),
         (
             ["launch", "--topology", "ring", "--client-only", "1"],
-            "--client-only cannot be combined",
+            "--client-only: cannot be combined",
         ),
-        (["launch", "--steps", "0"], "--steps must be >= 1"),
+        (["launch", "--steps", "0"], "--steps: must be >= 1"),
         (["launch", "--dataset", "nosuch"], "--dataset: unknown dataset 'nosuch'"),
-        (["demo", "--lr", "-1"], "--lr must be a finite number > 0"),
+        (["demo", "--lr", "-1"], "--lr: must be a finite number > 0"),
         (
             ["launch", "--aggregator", "krum:f=x"],
             "--aggregator: krum: parameter f must be an integer",
         ),
-        (["launch", "--compress", "topk"], "--compress: topk drops most coordinates"),
-        (["demo", "--algorithm", "choco"], "--topology is required for choco"),
-        (["launch", "--byzantine", "sign-flip"], "--byzantine must be K:ATTACK"),
-        (["launch", "--byzantine", "4:sign-flip"], "--byzantine K must be in [1, 4)"),
+        (["launch", "--compressor", "topk"], "--compressor: topk drops most coordinates"),
+        (["demo", "--algorithm", "choco"], "--topology: is required for choco"),
+        (["launch", "--byzantine", "sign-flip"], "--byzantine: must be K:ATTACK"),
+        (["launch", "--byzantine", "4:sign-flip"], "--byzantine: K must be in [1, 4)"),
         (
             ["launch", "--byzantine", "1:nosuch", "--algorithm", "dpsgd"],
             "--byzantine: unknown attack 'nosuch'",
         ),
         (
             ["launch", "--byzantine", "1:sign-flip", "--algorithm", "ad-psgd"],
-            "--byzantine needs a synchronous algorithm",
+            "--byzantine: needs a synchronous algorithm",
         ),
-        (["launch", "--algorithm", "dpsgd", "--mode", "async"], "--mode 'async' contradicts"),
+        (["launch", "--algorithm", "dpsgd", "--mode", "async"], "--mode: 'async' contradicts"),
         (["launch", "--topology", "moebius"], "--topology: topology spec 'moebius': unknown"),
         # issue 15: a robust rule that cannot run is refused before any process starts
         (
@@ -181,8 +193,20 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
         (["launch", "--peers", "3", "--topology", "hypercube"], "--topology: "),
         (["demo", "--peers", "x"], "--peers: invalid int value: 'x'"),
         (["status"], "the following arguments are required: URL"),
-        (["status", "ftp://127.0.0.1:7000"], "URL scheme must be http or https"),
-        (["status", "127.0.0.1"], "URL must be HOST:PORT"),
+        (
+            ["status", "ftp://127.0.0.1:7000"],
+            "URL: scheme 'ftp' in 'ftp://127.0.0.1:7000'; allowed: http",
+        ),
+        (["status", "127.0.0.1"], "URL: must be HOST:PORT"),
+        (
+            ["launch", "--peer-args", "--lr x"],
+            "gossipnet launch: error: --peer-args: --lr: invalid float value: 'x'",
+        ),
+        (
+            ["launch", "--peer-args", "--topology ring"],
+            "gossipnet launch: error: --peer-args: --topology: needs --peers-file FILE",
+        ),
+        (["launch", "--model", "no/such/model.py:Net"], "--model: file no/such/model.py does not"),
         (["status", "http://127.0.0.1:7000/v1/peers"], "with no path"),
     ],
 )
@@ -195,6 +219,7 @@ def test_bad_flags_exit_2_with_one_clear_line(
         main(args)
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"gossipnet {args[0]}: error: --") or args[0] == "status"
     assert message in err[-1]
     if args[0] in ("launch", "demo", "status"):
         assert len(err) == 1, err  # one line, no usage block before it
@@ -245,7 +270,9 @@ async def test_status_of_a_running_peer_readable_and_json() -> None:
         await b.run(steps=3)
         code, out, err = await _status_cli(f"http://{a.address}")
         assert code == 0, err
-        assert out.splitlines()[0] == f"peer a  ({a.address}, ad-psgd, protocol v1)"
+        version = a.status()["v"]  # the protocol this peer speaks
+        assert out.splitlines()[0] == f"peer a  ({a.address}, ad-psgd, protocol v{version})"
+        assert "compressor none, aggregator mean" in out
         assert "neighbours (1):" in out and "b " in out and "alive" in out
         assert "exchanges 3 ok, 0 failed" in out and "ISOLATED" not in out  # b's 3 calls
         code, out, err = await _status_cli(str(a.address), "--json")
@@ -270,7 +297,7 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
     isolated = PeerProcess(0, "peer-0", process, tmp_path, client_only=False)
     isolated.status = {"step": 40, "loss": 0.5, "neighbours": [], "isolated": True,
                        "exchanges": {"ok": 7, "failed": 31}}  # fmt: skip
-    assert status_row(isolated) == [
+    assert status_row(isolated, steps=40) == [
         "peer-0 ISOLATED",
         "40",
         "0.5000",
@@ -278,7 +305,7 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
         "7",
         "31",
         "0 B/s",
-        "done",
+        "finished",
     ]
     isolated.status = {"step": 40, "neighbours": ["peer-1"]}  # a client-only peer's status line
     assert status_row(isolated)[0] == "peer-0" and status_row(isolated)[4:6] == ["-", "-"]
@@ -299,3 +326,91 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
         ["peer-0 ISOLATED", "40", "50.0%", "-5.0 pts", "7", "31"],
         ["peer-1", "40", "60.0%", "+5.0 pts", "45", "0"],
     ]
+
+
+def test_the_state_column_says_where_each_peer_is(tmp_path: Path) -> None:
+    """Real processes: one still running, one that exited cleanly, one that failed."""
+    from peer.progress import status_row
+    from peer.swarm import PeerProcess
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        peer = PeerProcess(0, "peer-0", alive, tmp_path, client_only=False)
+        assert status_row(peer, steps=100)[1:4] + status_row(peer, steps=100)[-1:] == [
+            "-", "-", "-", "starting",
+        ]  # fmt: skip
+        peer.status = {"step": 0, "neighbours": []}
+        assert peer.state(100) == "waiting"  # listening, waiting for the others
+        peer.status = {"step": 40, "neighbours": []}
+        assert peer.state(100) == "running"
+        peer.status = {"step": 100, "neighbours": []}
+        assert peer.state(100) == "finished"  # holding until every peer is done
+    finally:
+        alive.kill()
+        alive.wait(timeout=60)
+    done = PeerProcess(1, "peer-1", subprocess.Popen([sys.executable, "-c", ""]), tmp_path, False)
+    assert done.process.wait(timeout=60) == 0
+    done.status = {"step": 100}
+    assert done.state(100) == "finished" and not done.failed()
+    done.status = {"step": 37}
+    assert done.state(100) == "stopped"  # exited cleanly before its steps: Ctrl-C
+
+
+def _failed_peer(tmp_path: Path, index: int, code: str, stderr: str) -> Any:
+    from peer.swarm import PeerProcess
+
+    peer = PeerProcess(index, f"peer-{index}", subprocess.Popen([sys.executable, "-c", code]),
+                       tmp_path, client_only=False)  # fmt: skip
+    peer.stderr.write_text(stderr)
+    peer.process.wait(timeout=60)
+    return peer
+
+
+def test_a_failed_peer_always_has_a_reason(tmp_path: Path) -> None:
+    import argparse
+
+    from peer.report import collect_results
+    from workloads.baseline import CentralizedResult
+
+    peers = [
+        _failed_peer(tmp_path, 0, "raise SystemExit(3)", "log line\ngossipnet peer: error: boom\n"),
+        _failed_peer(tmp_path, 1, "raise SystemExit(3)", ""),
+        _failed_peer(tmp_path, 2, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", ""),
+        _failed_peer(tmp_path, 3, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", ""),
+    ]
+    swarm = argparse.Namespace(peers=peers, args=argparse.Namespace(steps=10), directory=tmp_path)
+    results = collect_results(swarm, CentralizedResult())  # type: ignore[arg-type]
+    assert [peer.get("error") for peer in results["peers"]] == [
+        "gossipnet peer: error: boom (exit code 3)",
+        "exit code 3",
+        "killed by SIGKILL",
+        None,  # the launcher's own SIGTERM is a clean stop
+    ]
+    assert results["peers"][0]["state"] == "failed: gossipnet peer: error: boom (exit code 3)"
+    assert results["peers"][3]["state"] == "stopped"
+
+
+def test_launch_save_model_writes_the_swarm_average(tmp_path: Path, cache: str) -> None:
+    from safetensors.torch import load_file
+
+    from peer.export import load_model
+
+    target = tmp_path / "swarm.safetensors"
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        gossipnet("launch", "--peers", "2", "--steps", "30", "--dataset",
+                  "synthetic:num_samples=400", "--dir", str(run_dir), "--save-model", str(target),
+                  "--json"),
+        capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads(result.stdout.splitlines()[-1])
+    assert results["model"] == str(target)
+    assert f"saved the average of 2 peers' models to {target}" in result.stderr
+    peers = [load_file(run_dir / f"peer-{i}.safetensors") for i in range(2)]
+    averaged = load_file(target)
+    assert set(averaged) == set(peers[0])
+    for name, tensor in averaged.items():  # x_bar = (x_0 + x_1) / 2
+        torch.testing.assert_close(tensor, (peers[0][name] + peers[1][name]) / 2)
+    model = load_model(target)
+    assert model(torch.zeros(3, 20)).shape == (3, 10)

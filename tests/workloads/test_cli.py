@@ -72,8 +72,9 @@ def test_bad_input_exits_2_with_one_line() -> None:
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "gossipnet workloads: error: --dataset: unknown dataset 'imagenet'; choose"
+        "gossipnet workloads: error: --dataset: unknown dataset 'imagenet'; allowed: cifar10"
     )
+    assert len(result.stderr.strip().splitlines()) == 1  # no usage block
     assert "Traceback" not in result.stderr
 
 

@@ -65,7 +65,7 @@ def test_dataset_validates_fields() -> None:
 def test_load_dataset_errors_list_choices_and_name_parameters() -> None:
     with pytest.raises(
         ValueError,
-        match="unknown dataset 'imagenet'; choose one of: cifar10, mnist, mnist1d, npz, synthetic",
+        match="unknown dataset 'imagenet'; allowed: cifar10, mnist, mnist1d, npz, synthetic",
     ):
         load_dataset("imagenet")
     with pytest.raises(

@@ -106,7 +106,7 @@ def test_build_model_spec_and_keyword_parameters() -> None:
     assert [layer.out_features for layer in linears] == [16, 16, 16, 3]
     with pytest.raises(
         ValueError,
-        match="unknown model 'resnet'; choose one of: cnn1d, cnn2d, logistic, mlp, mlp-100k",
+        match="unknown model 'resnet'; allowed: cnn1d, cnn2d, logistic, mlp, mlp-100k",
     ):
         build_model("resnet", (4,), 3)
     with pytest.raises(

@@ -128,7 +128,7 @@ def test_partition_spec_errors() -> None:
     y = torch.arange(20) % 2
     with pytest.raises(
         ValueError,
-        match="unknown partition 'pathological'; choose one of: dirichlet, iid, label-sets, shards",
+        match="unknown partition 'pathological'; allowed: dirichlet, iid, label-sets, shards",
     ):
         partition("pathological", y, 2)
     with pytest.raises(ValueError, match="dirichlet: parameter 'alpha' must be a float"):

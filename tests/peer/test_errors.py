@@ -1,0 +1,204 @@
+"""Errors that help: each user mistake is one line on stderr, exit code 2, before anything
+expensive starts; real ``gossipnet`` processes, the exact line asserted."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "errors-test-swarm-secret-0123456789"
+WORKLOAD = ["--dataset", "synthetic:num_samples=200,seed=0", "--steps", "3"]
+
+
+def gossipnet(
+    *args: str, secret: bool = True, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GOSSIPNET_SECRET"}
+    if secret:
+        env["GOSSIPNET_SECRET"] = SECRET
+    return subprocess.run(
+        [sys.executable, "-m", "gossipnet", *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout,
+    )  # fmt: skip
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a refused command (exit code 2, nothing else printed)."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr
+    return lines[0]
+
+
+def test_a_port_already_in_use_is_one_line_naming_the_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = gossipnet("peer", "--id", "a", "--port", str(port), *WORKLOAD)
+    assert one_error_line(result) == (
+        f"gossipnet peer: error: --port: 127.0.0.1:{port} is already in use; allowed: a free "
+        "port, or 0 for one the system picks"
+    )
+
+
+def test_a_missing_secret_file_names_the_flag(tmp_path: Path) -> None:
+    missing = tmp_path / "swarm.secret"
+    result = gossipnet("peer", "--id", "a", "--secret-file", str(missing), *WORKLOAD)
+    assert one_error_line(result) == (
+        f"gossipnet peer: error: --secret-file: cannot read {missing} (No such file or "
+        "directory); allowed: a readable file holding the swarm secret (at least 16 bytes)"
+    )
+
+
+def test_a_short_secret_file_names_the_flag(tmp_path: Path) -> None:
+    short = tmp_path / "swarm.secret"
+    short.write_text("too-short\n")
+    result = gossipnet("peer", "--id", "a", "--secret-file", str(short), *WORKLOAD)
+    assert one_error_line(result) == (
+        f"gossipnet peer: error: --secret-file: {short}: the swarm secret must be at least 16 "
+        "bytes, got 9"
+    )
+
+
+def test_a_bad_peer_args_value_is_found_before_any_peer_or_the_baseline(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = gossipnet(
+        "launch", "--peers", "2", "--dataset", "synthetic:num_samples=200", "--dir", str(run_dir),
+        "--peer-args", "--momentum 0.9 --fanout 0",
+    )  # fmt: skip
+    assert one_error_line(result) == (
+        "gossipnet launch: error: --peer-args: --fanout: must be an integer >= 1, got 0"
+    )
+    assert not run_dir.exists()  # no secret, no peer file, no process
+    result = gossipnet("launch", "--peers", "2", "--peer-args", "--lr x", "--dir", str(run_dir))
+    assert one_error_line(result) == (
+        "gossipnet launch: error: --peer-args: --lr: invalid float value: 'x'"
+    )
+    assert not run_dir.exists()
+
+
+def test_an_invalid_choice_lists_the_allowed_values_in_the_one_format() -> None:
+    assert one_error_line(gossipnet("peer", "--id", "a", "--mode", "gossip")) == (
+        "gossipnet peer: error: --mode: invalid choice 'gossip'; allowed: async, sync"
+    )
+    assert one_error_line(gossipnet("launch", "--compressor", "zip")) == (
+        "gossipnet launch: error: --compressor: unknown compressor 'zip'; allowed: bf16, fp16, "
+        "none, qsgd, randk, topk"
+    )
+    assert one_error_line(gossipnet("no-such-command")).startswith(
+        "gossipnet: error: COMMAND: invalid choice 'no-such-command'; allowed: demo, peer, "
+    )
+
+
+USER_MODEL = textwrap.dedent(
+    """
+    from torch import nn
+
+
+    def not_a_model(input_shape, num_classes):
+        return {"layers": 2}
+
+
+    class Broken(nn.Module):
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.linear = nn.Linear(input_shape[0], num_classes)
+
+        def forward(self, x):
+            raise RuntimeError("forward is not written yet")
+    """
+)
+
+
+def test_user_code_mistakes_name_the_flag(tmp_path: Path) -> None:
+    model = tmp_path / "mymodel.py"
+    model.write_text(USER_MODEL)
+    assert one_error_line(gossipnet("peer", "--id", "a", "--model", f"{model}:Missing")) == (
+        f"gossipnet peer: error: --model: {model} has no attribute 'Missing'; allowed: Broken, "
+        "not_a_model"
+    )
+    result = gossipnet("peer", "--id", "a", "--model", f"{model}:not_a_model", *WORKLOAD)
+    assert one_error_line(result) == (
+        f"gossipnet peer: error: --model: {model}:not_a_model returned a value of type dict; "
+        "allowed: a torch.nn.Module"
+    )
+    missing = tmp_path / "data.npz"
+    assert one_error_line(gossipnet("peer", "--id", "a", "--dataset", str(missing))) == (
+        f"gossipnet peer: error: --dataset: {missing}: no such file; allowed: an existing .npz file"
+    )
+
+
+def test_an_unexpected_error_is_one_line_unless_debug(tmp_path: Path) -> None:
+    model = tmp_path / "mymodel.py"
+    model.write_text(USER_MODEL)
+    args = ["peer", "--id", "a", "--model", f"{model}:Broken", *WORKLOAD]
+    result = gossipnet(*args)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == (
+        "gossipnet peer: error: unexpected RuntimeError: forward is not written yet (run with "
+        "--log-level DEBUG for the traceback)"
+    )
+    assert "Traceback" not in result.stderr
+    debug = gossipnet(*args, "--log-level", "DEBUG")
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_the_open_swarm_warning_is_printed_once() -> None:
+    result = gossipnet("peer", "--id", "a", *WORKLOAD, secret=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("NO SWARM SECRET") == 1, result.stderr
+
+
+@pytest.mark.parametrize(("old", "new"), [("--peers", "--peers-file")])
+def test_the_old_name_of_the_peer_file_still_works(tmp_path: Path, old: str, new: str) -> None:
+    peers = tmp_path / "peers.txt"
+    peers.write_text("127.0.0.1:7001\n")
+    result = gossipnet("peer", "--id", "a", "--topology", "ring", old, str(peers), "--rank", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gossipnet peer: warning: {old} is deprecated and goes away in the next release; use "
+        f"{new}",
+        f"gossipnet peer: error: {new}: {peers} must list at least 2 HOST:PORT lines, got 1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("message", "line"),
+    [
+        (
+            "argument --mode: invalid choice: 'x' (choose from 'async', 'sync')",
+            "--mode: invalid choice 'x'; allowed: async, sync",
+        ),
+        (
+            "--aggregator: unknown aggregator 'x'; choices: mean, median",
+            "--aggregator: unknown aggregator 'x'; allowed: mean, median",
+        ),
+        (
+            "--topology: unknown topology 'x'; choose one of: ring, torus",
+            "--topology: unknown topology 'x'; allowed: ring, torus",
+        ),
+        (
+            "--compressor: unknown compressor 'x'; choose one of ['bf16', 'fp16']",
+            "--compressor: unknown compressor 'x'; allowed: bf16, fp16",
+        ),
+        (
+            "--compressor: qsgd parameter bits must be one of (2, 4, 8), got 3",
+            "--compressor: qsgd parameter bits: got 3; allowed: 2, 4, 8",
+        ),
+        ("--steps: must be >= 0, got -1\nsecond line", "--steps: must be >= 0, got -1"),
+    ],
+)
+def test_every_way_of_listing_allowed_values_becomes_one(message: str, line: str) -> None:
+    from peer.usage import one_line
+
+    assert one_line(message) == line
