@@ -37,7 +37,7 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     """The peer the flags describe, and the data set it trains on (its test split is
     what ``--eval-out`` measures). Raises ``ValueError`` naming the flag on bad input."""
     torch.set_num_threads(1)
-    _check_save_model(getattr(args, "save_model", None))
+    _check_save_model(getattr(args, "save_model", None), getattr(args, "eval_out", None))
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
@@ -68,11 +68,17 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     return peer, data
 
 
-def _check_save_model(path: str | None) -> None:
-    """``--save-model FILE`` must be writable where it is named, checked before training."""
+def _check_save_model(path: str | None, eval_out: str | None = None) -> None:
+    """``--save-model FILE`` must be writable where it is named, and its description
+    (FILE with suffix ``.json``) must not be ``--eval-out``; checked before training."""
     if path is None:
         return
     target = Path(path)
+    if eval_out is not None and Path(eval_out).resolve() == target.with_suffix(".json").resolve():
+        raise ValueError(
+            f"--eval-out: {eval_out} is where --save-model {path} writes its description; "
+            "pick another file"
+        )
     if target.suffix == ".json":
         raise ValueError(
             f"--save-model: FILE must not end in .json (FILE.json is its description), got {path}"

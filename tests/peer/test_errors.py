@@ -202,3 +202,15 @@ def test_every_way_of_listing_allowed_values_becomes_one(message: str, line: str
     from peer.usage import one_line
 
     assert one_line(message) == line
+
+
+def test_save_model_whose_description_is_eval_out_is_refused_before_training(
+    tmp_path: Path,
+) -> None:
+    model, evaluation = tmp_path / "m.safetensors", tmp_path / "m.json"
+    result = gossipnet(
+        "peer", "--id", "a", "--save-model", str(model), "--eval-out", str(evaluation), *WORKLOAD
+    )
+    line = one_error_line(result)
+    assert line.startswith("gossipnet peer: error: --eval-out: ") and "--save-model" in line
+    assert not evaluation.exists() and not model.exists()
