@@ -5,6 +5,11 @@ Vector convention (see ``shared/ARCHITECTURE.md``): ``own [*, d]``,
 W_ij), ``mask [*, k]`` (True = present) -> ``[*, d]``. The self weight is
 implicit, w_ii = 1 - sum_j weights_j * mask_j.
 
+Empty neighbourhoods (uniform for every rule): a node to which no neighbour is
+declared present (``k = 0``: a peer alone, or every slot masked: a round in
+which nothing arrived) has nothing to aggregate, so every rule returns its own
+vector unchanged, whatever its bound, and its bound is not checked for it.
+
 Non-finite policy (uniform for every rule): a present neighbour row holding a
 NaN or an Inf anywhere is a Byzantine neighbour caught red-handed. It is
 masked out before any rule runs, its weight folds into the self weight, and
@@ -16,6 +21,7 @@ node's own vector is trusted: a non-finite ``own`` raises ``ValueError``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,9 +39,11 @@ class Neighbourhood:
     ``neighbours`` rows that were non-finite are zeroed (other absent rows keep
     whatever content the caller padded with: rules must honour ``mask``).
     ``size`` is n per node (own + present finite neighbours), ``removed`` the
-    number of present neighbours dropped for being non-finite, ``declared``
-    the smallest n in the batch as the caller declared it (before removal),
-    which is what bound checks use.
+    number of present neighbours dropped for being non-finite, ``alone`` the
+    nodes with no neighbour declared present at all (their result is their own
+    vector), ``declared`` the smallest n among the other nodes as the caller
+    declared it (before removal; 1 when every node is alone), which is what
+    bound checks use.
     """
 
     own: Tensor  # [B, d]
@@ -44,6 +52,7 @@ class Neighbourhood:
     mask: Tensor  # [B, k] bool, present and finite
     self_weight: Tensor  # [B]
     removed: Tensor  # [B] int64
+    alone: Tensor  # [B] bool, no neighbour declared present
     declared: int
 
     @property
@@ -64,8 +73,14 @@ class Neighbourhood:
         return self.mask.sum(-1) + 1
 
     def budget(self, f: int) -> Tensor:
-        """Byzantine budget per node after removing caught rows: max(f - removed, 0)."""
-        return (f - self.removed).clamp_min(0)
+        """Byzantine budget per node: min(max(f - removed, 0), present neighbours).
+
+        Each caught (non-finite) row uses up one unit of f, and no more of the
+        neighbours can be Byzantine than are present. The cap changes nothing
+        where the rule's bound holds (it guarantees at least f present
+        neighbours); it makes a node without neighbours keep its own vector.
+        """
+        return (f - self.removed).clamp_min(0).minimum(self.mask.sum(-1))
 
     def set_mask(self) -> Tensor:
         """[B, n] presence of the set {own} + neighbours (own at index 0, always present)."""
@@ -100,6 +115,7 @@ class Neighbourhood:
             mask=new_mask,
             self_weight=(1.0 - new_weights.sum(-1)).clamp_min(0.0),
             removed=self.removed,
+            alone=self.alone,
             declared=self.declared if declared is None else declared,
         )
 
@@ -215,12 +231,15 @@ def row_is_finite(rows: Tensor) -> Tensor:
 
 
 def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | None) -> Neighbourhood:
-    """Check the inputs, flatten the batch and mask out non-finite neighbour rows."""
+    """Check the inputs, flatten the batch and mask out non-finite neighbour rows.
+
+    The batch is flattened to an explicit size (not ``-1``), so ``k = 0``
+    neighbours (a node alone) and ``d = 0`` reshape like any other size.
+    """
     weights, mask = check_shapes(own, neighbours, weights, mask)
-    d, k = own.shape[-1], neighbours.shape[-2]
-    own2 = own.reshape(-1, d)
-    nb = neighbours.reshape(-1, k, d)
-    batch = own2.shape[0]
+    d, k, batch = own.shape[-1], neighbours.shape[-2], math.prod(own.shape[:-1])
+    own2 = own.reshape(batch, d)
+    nb = neighbours.reshape(batch, k, d)
     present = (
         torch.ones(batch, k, dtype=torch.bool, device=own.device)
         if mask is None
@@ -231,7 +250,9 @@ def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | Non
             "own contains NaN or Inf: the node's own vector is trusted and must be finite"
         )
     finite = row_is_finite(nb)
-    declared = int(present.sum(-1).min()) + 1 if batch else 1
+    counts = present.sum(-1)
+    alone = counts == 0
+    declared = int(counts[~alone].min()) + 1 if bool((~alone).any()) else 1
     removed = (present & ~finite).sum(-1)
     if not bool(finite.all()):
         nb = torch.where(finite[:, :, None], nb, nb.new_zeros(()))
@@ -244,6 +265,7 @@ def prepare(own: Tensor, neighbours: Tensor, weights: Tensor, mask: Tensor | Non
         mask=keep,
         self_weight=(1.0 - w.sum(-1)).clamp_min(0.0),
         removed=removed,
+        alone=alone,
         declared=declared,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from consensus._inputs import Neighbourhood, prepare
@@ -56,6 +57,11 @@ class Rule:
     Subclasses implement ``_aggregate(hood) -> [B, d]`` on a cleaned
     :class:`~consensus._inputs.Neighbourhood` and, when they have a bound on
     the number of Byzantine inputs, ``check_size(n)``.
+
+    A node with no neighbour declared present (``k = 0``, or every slot
+    masked) gets its own vector back unchanged, in the per-node and the
+    batched call alike, and its bound is not checked: there is nothing to
+    aggregate. Stateful rules record that in their state (``_kept_own``).
     """
 
     name: ClassVar[str] = ""
@@ -75,14 +81,28 @@ class Rule:
         hood = prepare(own, neighbours, weights, mask)
         if hood.batch == 0:
             return own.clone()
+        if bool(hood.alone.all()):
+            self._kept_own(hood)
+            return own.clone()
         self.check_size(hood.declared)
-        return self._aggregate(hood).reshape(own.shape)
+        out = self._aggregate(hood)
+        if bool(hood.alone.any()):
+            out = torch.where(hood.alone[:, None], hood.own, out)
+            self._kept_own(hood)
+        return out.reshape(own.shape)
 
     def check_size(self, n: int) -> None:
         """Raise ``ValueError`` if a neighbourhood of n vectors (own included) is too small."""
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
         raise NotImplementedError
+
+    def _kept_own(self, hood: Neighbourhood) -> None:
+        """Record that the nodes ``hood.alone`` kept their own vector (stateless rules: nothing).
+
+        Called after ``_aggregate`` when some nodes are alone, and instead of
+        it when all are.
+        """
 
     def reset(self) -> None:
         """Forget state kept between calls (stateless rules have none)."""

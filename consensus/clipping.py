@@ -74,16 +74,26 @@ class CenteredClipping(Rule):
     def reset(self) -> None:
         self.centre = None
 
-    def _aggregate(self, hood: Neighbourhood) -> Tensor:
+    def _start(self, hood: Neighbourhood) -> Tensor:
+        """The centre this call starts from: the previous result, or ``own`` on the first call."""
         centre = self.centre
         if centre is None:
-            centre = hood.own
-        elif centre.shape != hood.own.shape or centre.dtype != hood.own.dtype:
+            return hood.own
+        if centre.shape != hood.own.shape or centre.dtype != hood.own.dtype:
             raise ValueError(
                 f"centered-clipping keeps a centre of shape {list(centre.shape)} from the previous "
                 f"call but got {hood.batch} nodes of dimension {hood.dim}; call reset() when the "
                 "batch or the dimension changes"
             )
+        return centre
+
+    def _kept_own(self, hood: Neighbourhood) -> None:
+        """A node alone returned its own vector, so that is its next centre."""
+        centre = self._start(hood)
+        self.centre = torch.where(hood.alone[:, None], hood.own, centre).detach().clone()
+
+    def _aggregate(self, hood: Neighbourhood) -> Tensor:
+        centre = self._start(hood)
         for _ in range(self.L):
             # v + sum_c a_c (x_c - v) with a_c = w_c min(1, tau / ||x_c - v||)
             scale = clip_scale(squared_distances_to(hood, centre).sqrt_(), self.tau)
@@ -123,6 +133,12 @@ class ClippedGossip(Rule):
 
     def reset(self) -> None:
         self.radius = None
+
+    def _kept_own(self, hood: Neighbourhood) -> None:
+        """A node alone kept x_i: its radius is 0, as ``tau=auto`` gives a node with <= f neighbours."""
+        if self.radius is None or self.radius.shape != hood.alone.shape:
+            self.radius = torch.zeros(hood.batch, dtype=hood.own.dtype, device=hood.own.device)
+        self.radius = self.radius.masked_fill(hood.alone, 0.0)
 
     def _aggregate(self, hood: Neighbourhood) -> Tensor:
         norms = squared_distances_to(hood, hood.own).sqrt_()  # [B, k], 0 where absent

@@ -164,7 +164,9 @@ def _closest_to_median_uniform(rows: list[Tensor], theta: int, beta: int) -> Ten
 
     The beta closest values form a window [a, a + beta) of the sorted ones; a
     is the number of window starts where moving right brings a closer value
-    in (m - s_a > s_{a+beta} - m; on a tie the lower value stays).
+    in (m - s_a > s_{a+beta} - m; on a tie the lower value stays). Row j is
+    in the window exactly when j - beta < a <= j; rows that every start in
+    0..theta-beta keeps are added without a comparison.
     """
     median = (rows[(theta - 1) // 2] + rows[theta // 2]) / 2
     start = torch.zeros_like(median)
@@ -172,12 +174,11 @@ def _closest_to_median_uniform(rows: list[Tensor], theta: int, beta: int) -> Ten
         start += ((median - rows[a]) > (rows[a + beta] - median)).to(median.dtype)
     total = torch.zeros_like(median)
     for j in range(theta):
-        if theta - beta <= j < beta:  # inside every possible window
+        first, last = max(0, j - beta + 1), min(j, theta - beta)  # the starts that keep row j
+        if first == 0 and last == theta - beta:
             total += rows[j]
-        elif j < beta:
-            total += (start <= j).to(median.dtype) * rows[j]
         else:
-            total += (start > j - beta).to(median.dtype) * rows[j]
+            total += ((start >= first) & (start <= last)).to(median.dtype) * rows[j]
     return total / beta
 
 

@@ -31,6 +31,10 @@ class Wrapper(Rule):
     def reset(self) -> None:
         self.inner.reset()
 
+    def _kept_own(self, hood: Neighbourhood) -> None:
+        """The inner rule keeps the state, so it records which nodes kept their own vector."""
+        self.inner._kept_own(hood)
+
 
 class Bucketing(Wrapper):
     """Bucketing, spec name ``bucketing:s=S,seed=SEED+RULE``.
