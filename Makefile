@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gossipnet-installed
 
-.PHONY: demo test install lint format typecheck layers clean
+.PHONY: demo test chaos install lint format typecheck layers clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+# The reliability suite (docs/reliability.md): every attack against real peers on
+# 127.0.0.1, a table at the end, exit code 1 if a verdict fails (about 10 minutes).
+# `make test` runs its quick subset (tests/chaos/test_quick.py). Options, e.g.:
+# make chaos CHAOS_ARGS="--seed 1 --requests 2000 --only fuzz-open"
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.run $(CHAOS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
