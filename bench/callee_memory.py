@@ -249,6 +249,7 @@ async def _callers(callee: Callee, count: int, seconds: float) -> dict[str, int]
 
     from peer import auth
     from peer.body import EnvelopeBody
+    from peer.client import EXPECT_CONTINUE_BYTES
     from peer.codecs import DenseCodec
     from peer.wire import Envelope, envelope_object
 
@@ -270,7 +271,12 @@ async def _callers(callee: Callee, count: int, seconds: float) -> dict[str, int]
                 SECRET, "POST", "/v1/exchange", body.size or 0, receiver=CALLEE, nonce=nonce
             )
             try:
-                async with session.post(url, data=body, headers=headers) as response:
+                async with session.post(
+                    url,
+                    data=body,
+                    headers=headers,
+                    expect100=(body.size or 0) >= EXPECT_CONTINUE_BYTES,  # as PeerClient does
+                ) as response:
                     async for _ in response.content.iter_chunked(1 << 20):
                         pass
                     status = response.status

@@ -55,6 +55,12 @@ _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 included: aiohttp reports them as ``ClientResponseError``/``ClientPayloadError``)."""
 
 
+EXPECT_CONTINUE_BYTES = 1 << 20
+"""A model body of at least this many bytes is sent with ``Expect: 100-continue``: the callee
+refuses a busy or unauthenticated exchange on its headers, before the model crosses the
+network (one round trip more per exchange, against a model-sized transfer saved per refusal)."""
+
+
 class PeerUnavailable(Exception):
     """A neighbour could not be reached, timed out, or failed (5xx)."""
 
@@ -301,7 +307,12 @@ class PeerClient:
         data = b""
         try:
             async with self._get_session().request(
-                method, url, data=body, headers=headers, allow_redirects=False
+                method,
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                expect100=length >= EXPECT_CONTINUE_BYTES,
             ) as response:
                 status = response.status
                 received = response.content_length or 0

@@ -58,15 +58,18 @@ def view_entry(entry: object) -> tuple[str, str | None]:
 
     An entry is a map with an ``id`` (the peer-id pattern, ``peer.wire.check_sender``), an
     ``address`` (``HOST:PORT``, :func:`check_address`, or null for a client-only member)
-    and optionally a ``status`` (one of :data:`STATUSES`; informational), nothing else.
+    and a ``status`` (one of :data:`STATUSES`; informational), nothing else: exactly what
+    ``Member.to_json`` writes and peer/openapi.yaml's ``Member`` requires.
     """
     if not isinstance(entry, dict):
         raise MalformedBody(f"a view entry must be a map, got {describe(entry)}")
-    if not {"id", "address"} <= set(entry) <= _ENTRY_KEYS:
+    if set(entry) != _ENTRY_KEYS:
         keys = [describe(key) for key in list(entry)[:8]]
-        raise MalformedBody(f"a view entry must have keys id, address (and status), got {keys}")
+        raise MalformedBody(
+            f"a view entry must have exactly the keys id, address, status, got {keys}"
+        )
     peer_id = check_sender(entry["id"], field_name="id")
-    if "status" in entry and entry["status"] not in STATUSES:
+    if entry["status"] not in STATUSES:
         raise MalformedBody(
             f"status of {peer_id} must be one of {list(STATUSES)}, got {describe(entry['status'])}"
         )

@@ -410,6 +410,43 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
             if arena is not None:
                 arenas.give(arena)
 
+    async def exchange_expect(request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` on ``POST /v1/exchange``: the checks that cost nothing
+        (the signature header's form, receiver and clock window; the size cap; a free slot
+        and the serving share) run on the headers alone, and a caller that would be refused
+        gets its refusal *before* it sends its model (no model-sized body crosses the network
+        to be dropped, no connection lingers to drain it). The full checks run again when the
+        body comes (the slot may be gone by then: ``409 busy`` as without Expect)."""
+        expect = request.headers.get("Expect", "")
+        if expect.lower() != "100-continue":
+            return _refused(request, ExpectationFailed(f"unknown Expect: {expect[:64]!r}"))
+        try:
+            if service.verifier is not None:
+                service.verifier.check_form(request.headers)
+            length = request.content_length
+            if length is not None and length > service.max_body_bytes:
+                raise BodyTooLarge(f"body has {length} bytes, the cap is {service.max_body_bytes}")
+            if slots.in_use >= slots.size:
+                raise _busy()
+            if share is not None and not share.admit():
+                raise Busy(
+                    f"serving took {share.share():.0%} of the last {share.window_s:g} s while "
+                    f"this peer trains, the bound is {share.max_share:.0%}; retry later"
+                )
+        except ProtocolError as error:
+            # answer and close now: the caller sends no body, and neither side may wait for
+            # it (aiohttp's client keeps a connection whose 100 never came; its server would
+            # linger for the unread body)
+            response = _sign(_refused(request, error), None)
+            response.force_close()
+            await response.prepare(request)
+            await response.write_eof()
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
     async def _exchange(obj: Any) -> Envelope:
         try:
             envelope = check_envelope(obj, codecs=service.codecs)
@@ -541,7 +578,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
     app[SERVER_STATE] = ServerState(limits=limits, slots=slots, budget=budget)
     app.add_routes(
         [
-            web.post("/v1/exchange", exchange_endpoint),
+            web.post("/v1/exchange", exchange_endpoint, expect_handler=exchange_expect),
             web.post("/v1/join", protected(join, takes_body=True)),
             web.get("/v1/peers", protected(peers, takes_body=False), allow_head=False),
             web.get("/v1/state", state_endpoint, allow_head=False),
@@ -582,6 +619,13 @@ class JsonErrorRequestHandler(web.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
+        if isinstance(exc, ConnectionError):
+            # the caller went away (e.g. while we wrote ``100 Continue``): not a bug, and
+            # nothing can be answered; aiohttp's finish_response drops the write quietly
+            logger.debug("connection from %s lost: %s", request.remote, exc)
+            lost = error_response(MalformedRequest("the connection was lost"))
+            lost.force_close()
+            return lost
         error = _parse_error(status, exc, message)
         if error.status >= 500:
             logger.error("request from %s failed (a bug)", request.remote, exc_info=exc)

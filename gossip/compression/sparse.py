@@ -185,8 +185,12 @@ class _Sparse(Compressor):
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
         k = read_field(payload, "k", int)
         if not 0 <= k <= d:
+            # more entries than the model has is a size mismatch with this model (422);
+            # a negative count is a malformed field (400)
             raise PayloadError(
-                "parameter", f"payload field 'k' must be in [0, d={d}], got {k}", field="k"
+                "length" if k > d else "parameter",
+                f"payload field 'k' must be in [0, d={d}], got {k}",
+                field="k",
             )
         wire = read_field(payload, "dtype", str)
         if wire != "<f4":

@@ -224,7 +224,7 @@ HOSTILE = [
     ),
     ("topk:ratio=0.1", lambda p: p | {"index": p["index"][:4] * 7}, "strictly increasing", "index"),
     ("topk:ratio=0.1", lambda p: p | {"index": p["index"][:-2]}, "'index' must hold k=7", "length"),
-    ("topk:ratio=0.1", lambda p: p | {"k": 65}, "'k' must be in [0, d=64]", "parameter"),
+    ("topk:ratio=0.1", lambda p: p | {"k": 65}, "'k' must be in [0, d=64]", "length"),
     ("topk:ratio=0.1", lambda p: p | {"k": -1}, "'k' must be in [0, d=64]", "parameter"),
     ("topk:ratio=0.1", lambda p: p | {"dtype": "<f2"}, "'dtype' must be '<f4'", "dtype"),
     ("randk:ratio=0.1", lambda p: p | {"value": p["value"][:-1]}, "'value' must hold 7", "length"),

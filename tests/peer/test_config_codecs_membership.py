@@ -158,9 +158,9 @@ def test_membership_merge_adds_only_new_and_never_itself() -> None:
     view.record_failure("x")
     added = view.merge(
         [
-            {"id": "me", "address": "10.0.0.1:1"},
+            {"id": "me", "address": "10.0.0.1:1", "status": "alive"},
             {"id": "x", "address": "127.0.0.1:9", "status": "alive"},
-            {"id": "y", "address": None},
+            {"id": "y", "address": None, "status": "alive"},
         ]
     )
     assert added == ["y"]
@@ -172,17 +172,18 @@ def test_membership_merge_adds_only_new_and_never_itself() -> None:
 BAD_ENTRIES = {
     "no address": {"id": "z"},
     "no id": {"address": "127.0.0.1:9"},
-    "address not HOST:PORT": {"id": "z", "address": "bad"},
-    "address port 0": {"id": "z", "address": "127.0.0.1:0"},
-    "address a list": {"id": "z", "address": ["127.0.0.1", 9]},
-    "address an int": {"id": "z", "address": 9000},
-    "id an int": {"id": 5, "address": "127.0.0.1:9"},
-    "id with a space": {"id": "z z", "address": "127.0.0.1:9"},
-    "id too long": {"id": "z" * 65, "address": "127.0.0.1:9"},
-    "id a map": {"id": {"id": "z"}, "address": "127.0.0.1:9"},
+    "address not HOST:PORT": {"id": "z", "address": "bad", "status": "alive"},
+    "address port 0": {"id": "z", "address": "127.0.0.1:0", "status": "alive"},
+    "address a list": {"id": "z", "address": ["127.0.0.1", 9], "status": "alive"},
+    "address an int": {"id": "z", "address": 9000, "status": "alive"},
+    "id an int": {"id": 5, "address": "127.0.0.1:9", "status": "alive"},
+    "id with a space": {"id": "z z", "address": "127.0.0.1:9", "status": "alive"},
+    "id too long": {"id": "z" * 65, "address": "127.0.0.1:9", "status": "alive"},
+    "id a map": {"id": {"id": "z"}, "address": "127.0.0.1:9", "status": "alive"},
     "unknown status": {"id": "z", "address": "127.0.0.1:9", "status": "king"},
     "status a bool": {"id": "z", "address": "127.0.0.1:9", "status": True},
-    "an extra key": {"id": "z", "address": "127.0.0.1:9", "admin": True},
+    "an extra key": {"id": "z", "address": "127.0.0.1:9", "admin": True, "status": "alive"},
+    "no status": {"id": "z", "address": "127.0.0.1:9"},
     "a string": "z@127.0.0.1:9",
     "a list": ["z", "127.0.0.1:9"],
     "null": None,

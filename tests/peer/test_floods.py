@@ -24,7 +24,7 @@ import torch
 
 from peer import auth
 from peer.admission import ServerLimits, fixed_memory_bytes
-from peer.body import poly1305_tag
+from peer.body import MSGPACK, poly1305_tag
 from peer.server import LINGER_S, SERVER_STATE
 
 from .conftest import SECRET
@@ -306,3 +306,35 @@ async def test_fifty_stalled_json_bodies_cannot_pin_memory_and_it_returns() -> N
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+async def test_a_refusal_on_expect_100_continue_comes_before_the_body_and_closes() -> None:
+    """A caller that asks first (``Expect: 100-continue``, as PeerClient does for large
+    bodies) is refused on its headers: it never sends the body, gets the JSON error, and
+    the connection is closed at once (neither side waits for a body that will not come)."""
+    from .conftest import model_bytes, started_peer
+
+    async with started_peer("callee") as peer, aiohttp.ClientSession() as session:
+        before = model_bytes(peer)
+        url = f"http://{peer.address}/v1/exchange"
+        junk = {"Authorization": "gossipnet-stream-poly1305 junk", "Content-Type": MSGPACK}
+        sent = 0
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal sent
+            for _ in range(64):
+                sent += 1 << 16
+                yield b"\0" * (1 << 16)
+
+        for _ in range(5):
+            started = time.monotonic()
+            async with session.post(url, data=body(), headers=junk, expect100=True) as answer:
+                error = await answer.json()
+            assert answer.status == 401 and error["error"] == "unauthorized"
+            assert time.monotonic() - started < 2.0
+        await asyncio.sleep(0.2)
+        assert sent == 0
+        runner = peer._runner
+        assert runner is not None and runner.server is not None
+        assert len(runner.server.connections) == 0
+        assert model_bytes(peer) == before
