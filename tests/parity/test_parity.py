@@ -123,7 +123,7 @@ async def test_dpsgd_with_a_codec_matches_the_simulator(codec: str) -> None:
         Problem(),
         DecentralizedSGD(compressor=build_compressor(codec)),
         algorithm="dpsgd",
-        codec=codec,
+        compressor=codec,
     )
     _assert_parity(simulated, networked, f"D-PSGD with {codec}")
 
@@ -231,7 +231,7 @@ async def test_choco_peers_match_the_simulator(codec: str) -> None:
         Problem(),
         Choco(build_compressor(codec), consensus_step=0.5),
         algorithm="choco",
-        codec=codec,
+        compressor=codec,
         consensus_step=0.5,
     )
     _assert_parity(simulated, networked, f"CHOCO with {codec}")

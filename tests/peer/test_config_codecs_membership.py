@@ -31,9 +31,9 @@ from .conftest import started_peer
         ("mode", "gossip", r"mode must be one of \['async', 'sync'\]"),
         ("order", "random", "order"),
         (
-            "codec",
+            "compressor",
             "topk:ratio=0.1",
-            r"codec: topk drops most coordinates .* none, fp16, bf16, qsgd",
+            r"compressor: topk drops most coordinates .* none, fp16, bf16, qsgd",
         ),
         ("fanout", 0, "fanout"),
         ("local_steps", 0, "local_steps"),
@@ -126,8 +126,8 @@ def test_compressor_payload_errors_become_typed(payload: dict[str, object], erro
 
 async def test_fp16_peers_converge() -> None:
     async with (
-        started_peer("a", seed=0, codec="fp16") as a,
-        started_peer("b", seed=1, codec="fp16", join=(a.address,), fetch_state=False) as b,
+        started_peer("a", seed=0, compressor="fp16") as a,
+        started_peer("b", seed=1, compressor="fp16", join=(a.address,), fetch_state=False) as b,
     ):
         for _ in range(3):
             await asyncio.gather(a.gossip(), b.gossip())

@@ -107,7 +107,7 @@ def _count_late(peers: list[Peer]) -> list[int]:
 async def test_choco_keeps_the_average_when_a_peer_misses_the_deadline(
     codec: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    peers = _peers("choco", codec=codec, consensus_step=0.5)
+    peers = _peers("choco", compressor=codec, consensus_step=0.5)
     initial = torch.stack([p.flat.vector.detach().clone() for p in peers])
     counts = _count_late(peers)
     _slow_first_round(peers[2])
