@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .processes import start_peer, status, wait_until
+
 SECRET = "failure-test-swarm-secret-0123456789"
 WORKLOAD = ["--dataset", "synthetic:num_samples=600,seed=0", "--num-peers", "3",
             "--request-timeout-s", "2", "--status-every", "10"]  # fmt: skip
@@ -24,30 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def start(tmp_path: Path, name: str, index: int, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GOSSIPNET_SECRET": SECRET}
-    command = [sys.executable, "-m", "gossipnet", "peer", "--id", name, "--peer-index", str(index),
-               "--address-file", str(tmp_path / f"{name}.address"), *WORKLOAD, *extra]  # fmt: skip
-    with open(tmp_path / f"{name}.out", "ab") as out, open(tmp_path / f"{name}.err", "ab") as err:
-        return subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT)
-
-
-def status(address: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{address}/v1/status", timeout=5) as response:
-        loaded = json.loads(response.read())
-    assert isinstance(loaded, dict)
-    return loaded
-
-
-def wait_until(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting until {what}")
+    return start_peer(tmp_path, name, index, *extra, secret=SECRET, workload=WORKLOAD)
 
 
 def member(address: str, peer_id: str) -> dict[str, Any]:
