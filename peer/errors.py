@@ -203,3 +203,9 @@ ERROR_CLASSES: tuple[type[ProtocolError], ...] = (
     InternalError,
 )
 """Every error a peer answers with; docs/protocol.md and openapi.yaml list the same codes."""
+
+
+ALIVE_REFUSALS = frozenset({Busy.code, Overloaded.code})
+"""Refusals that say the neighbour is alive and merely full (``409 busy``: its exchange
+slots or serving share; ``429 overloaded``: its connection bound): a caller counts them as
+busy, not as a failed call, and does not suspect the neighbour for them."""

@@ -25,7 +25,7 @@ from gossip.pairwise import PairwiseGossip
 from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.core import PeerCore
-from peer.errors import Busy, ProtocolError
+from peer.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.membership import Member
 from peer.threads import in_thread
 from peer.wire import Envelope
@@ -86,7 +86,7 @@ class PairwiseExchange(PeerCore):
                 codec = self.codecs[reply.codec]
                 averaged = await in_thread(codec.decode, reply.payload, self.spec)
             except RemoteRefused as error:
-                if error.code == Busy.code:  # it is averaging with us right now, as the callee
+                if error.code in ALIVE_REFUSALS:  # full (e.g. averaging with us as the callee)
                     self.metrics.exchanges(role="caller", outcome="busy").inc()
                     return False
                 self.metrics.exchanges(role="caller", outcome="failed").inc()

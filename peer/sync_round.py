@@ -36,7 +36,7 @@ import consensus
 from gossip.algorithms import neighbourhood_fits
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.core import PeerCore
-from peer.errors import Busy, ProtocolError
+from peer.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.membership import Member
 from peer.threads import in_thread
 from peer.wire import Envelope
@@ -228,7 +228,7 @@ class SyncRound(PeerCore):
             codec = self.codecs[reply.codec]
             vector = await in_thread(codec.decode, reply.payload, self.message_spec)
         except RemoteRefused as error:
-            busy = error.code == Busy.code  # at its bound of concurrent exchanges: alive
+            busy = error.code in ALIVE_REFUSALS  # at one of its bounds: alive
             self.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
             if not busy:
                 self._failed(member, error)

@@ -575,3 +575,27 @@ async def test_a_peer_calling_a_hostile_neighbour_keeps_its_model_and_membership
             session.get(f"http://{peer.address}/v1/status") as response,
         ):
             assert response.status == 200 and (await response.json())["id"] == CALLER_ID
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize(("status", "code"), [(409, "busy"), (429, "overloaded")])
+async def test_a_full_neighbour_is_busy_not_failed(mode: str, status: int, code: str) -> None:
+    """``409 busy`` and ``429 overloaded`` mean alive and full: counted busy, never a
+    failure that would get the neighbour suspected; anything else refused is a failure."""
+    async with (
+        hostile_neighbour(SECRET) as hostile,
+        started_peer(CALLER_ID, mode=mode, request_timeout_s=TIMEOUT_S, round_deadline_s=2.0)
+        as peer,
+    ):  # fmt: skip
+        peer.membership.observe(HOSTILE_ID, hostile.address)
+        refusal = json.dumps({"error": code, "detail": "full"}).encode()
+        hostile.answers = {"/v1/exchange": Answer(refusal, status=status)}
+        for _ in range(3):
+            await peer.gossip()
+        member = peer.membership.get(HOSTILE_ID)
+        assert member is not None and member.failures == 0 and member.status == "alive"
+        assert hostile.calls.get("/v1/exchange", 0) >= 3
+        hostile.answers = {"/v1/exchange": Answer(b'{"error": "x", "detail": "y"}', status=400)}
+        await peer.gossip()
+        member = peer.membership.get(HOSTILE_ID)
+        assert member is not None and member.failures > 0
