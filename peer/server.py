@@ -58,6 +58,7 @@ from peer.admission import (
     ByteAccount,
     ByteBudget,
     ServerLimits,
+    ServingShare,
     Slots,
 )
 from peer.auth import (
@@ -207,6 +208,14 @@ def _digest_of(pieces: list[Any]) -> str:
     return sha.hexdigest()
 
 
+def _share_busy(share: ServingShare) -> Busy:
+    """The refusal of an exchange beyond the serving share (``peer.admission.ServingShare``)."""
+    return Busy(
+        f"serving took {share.share():.0%} of the last {share.window_s:g} s while this peer "
+        f"trains, the bound is {share.max_share:.0%}; retry later"
+    )
+
+
 def _has_body(request: web.Request) -> bool:
     length = request.content_length
     return bool(length) or (length is None and request.body_exists)
@@ -335,10 +344,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         """An exchange slot, if the serving share (``peer.admission.ServingShare``) and
         the slot bound allow it; returns when serving started."""
         if share is not None and not share.admit():
-            raise Busy(
-                f"serving took {share.share():.0%} of the last {share.window_s:g} s while "
-                f"this peer trains, the bound is {share.max_share:.0%}; retry later"
-            )
+            raise _share_busy(share)
         slots.take_now(_busy())
         return share.start() if share is not None else 0.0
 
@@ -429,10 +435,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
             if slots.in_use >= slots.size:
                 raise _busy()
             if share is not None and not share.admit():
-                raise Busy(
-                    f"serving took {share.share():.0%} of the last {share.window_s:g} s while "
-                    f"this peer trains, the bound is {share.max_share:.0%}; retry later"
-                )
+                raise _share_busy(share)
         except ProtocolError as error:
             # answer and close now: the caller sends no body, and neither side may wait for
             # it (aiohttp's client keeps a connection whose 100 never came; its server would

@@ -43,7 +43,7 @@ import torch
 from peer.codecs import DenseCodec
 from peer.wire import Envelope, pack_envelope
 
-from .signing import junk_authorization, names_receiver, sign, stamp_seconds_ago
+from .signing import junk_authorization, sign, stamp_seconds_ago
 
 ENDPOINTS = ("/v1/exchange", "/v1/join", "/v1/peers", "/v1/state", "/v1/status", "/metrics")
 MUTATING = frozenset({("POST", "/v1/exchange"), ("POST", "/v1/join")})
@@ -414,7 +414,7 @@ class HostileRequests:
                 receiver=self.target_id,
                 timestamp=stamp_seconds_ago(seconds),
             )["Authorization"]
-        elif name == "other-peer" and names_receiver():
+        elif name == "other-peer":
             authorization = sign(self.secret, method, path, body, receiver="someone-else")[
                 "Authorization"
             ]

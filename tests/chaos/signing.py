@@ -2,41 +2,22 @@
 
 The suite signs hostile bodies with the real secret (a *member* attacking), forges
 signatures with a wrong one, and captures signed requests to replay them. It calls the
-peer's signing functions rather than re-implementing them, and adapts to their form:
-since protocol version 2 a signature names its receiving peer (``receiver=``) and its
-timestamp is in milliseconds; before that it named neither, in seconds. Either way the
-helpers below take the receiver's id and pass it on when the peer's API asks for it.
+peer's signing functions rather than re-implementing them: a signature names its receiving
+peer and protocol version, and its timestamp is in milliseconds (docs/protocol.md).
 """
 
 from __future__ import annotations
 
-import inspect
 import secrets
-import time
 
 from peer import auth
 from peer.body import poly1305_tag
-
-
-def _takes_receiver(function: object) -> bool:
-    return "receiver" in inspect.signature(function).parameters  # type: ignore[arg-type]
-
-
-def names_receiver() -> bool:
-    """Whether ``peer.auth``'s signatures name the receiving peer (protocol version 2 on)."""
-    return _takes_receiver(auth.sign_request)
-
-
-def now_stamp() -> int:
-    """Now, in the unit of a signature's ``timestamp`` (ms where ``peer.auth`` has ``now_ms``)."""
-    now_ms = getattr(auth, "now_ms", None)
-    return int(now_ms()) if callable(now_ms) else int(time.time())
+from peer.wire import PROTOCOL_VERSION
 
 
 def stamp_seconds_ago(seconds: float) -> int:
     """A signature timestamp ``seconds`` in the past (negative: the future)."""
-    scale = 1000 if callable(getattr(auth, "now_ms", None)) else 1
-    return now_stamp() - int(seconds * scale)
+    return auth.now_ms() - int(seconds * 1000)
 
 
 def sign(
@@ -50,8 +31,9 @@ def sign(
     nonce: str | None = None,
 ) -> dict[str, str]:
     """The ``Authorization`` header of a digest-signed request to peer ``receiver``."""
-    extra = {"receiver": receiver} if _takes_receiver(auth.sign_request) else {}
-    return auth.sign_request(secret, method, path, body, timestamp=timestamp, nonce=nonce, **extra)
+    return auth.sign_request(
+        secret, method, path, body, receiver=receiver, timestamp=timestamp, nonce=nonce
+    )
 
 
 def sign_stream(
@@ -61,8 +43,7 @@ def sign_stream(
     under the request's one-time key (an empty payload is sent without a tag)."""
     nonce = secrets.token_hex(16)
     length = len(payload) + (auth.TAG_BYTES if payload else 0)
-    extra = {"receiver": receiver} if _takes_receiver(auth.sign_stream_request) else {}
-    headers = auth.sign_stream_request(secret, method, path, length, nonce=nonce, **extra)
+    headers = auth.sign_stream_request(secret, method, path, length, receiver=receiver, nonce=nonce)
     if not payload:
         return headers, b""
     return headers, payload + poly1305_tag(auth.body_key(secret, nonce, "request"), payload)
@@ -87,10 +68,7 @@ def junk_authorization(rng_bytes: bytes, *, receiver: str, scheme: str = auth.SC
     """An ``Authorization`` header of the right form and a fresh timestamp whose signature is
     wrong (``rng_bytes``: 48 random bytes): it passes a form and clock check, not the MAC."""
     nonce, signature = rng_bytes[:16].hex(), rng_bytes[16:48].hex()
-    if _takes_receiver(auth.sign_request):
-        version = getattr(auth, "PROTOCOL_VERSION", 2)
-        return (
-            f"{scheme} v={version},to={receiver},timestamp={now_stamp()},"
-            f"nonce={nonce},signature={signature}"
-        )
-    return f"{scheme} timestamp={now_stamp()},nonce={nonce},signature={signature}"
+    return (
+        f"{scheme} v={PROTOCOL_VERSION},to={receiver},timestamp={auth.now_ms()},"
+        f"nonce={nonce},signature={signature}"
+    )
