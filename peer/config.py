@@ -122,6 +122,14 @@ class PeerConfig:
 
     Checkpoints:
         checkpoint_dir, checkpoint_every (steps, 0 = off), keep_checkpoints, resume.
+
+    Model and records:
+        average_buffers: ship and mix the model's floating-point buffers (BatchNorm running
+            statistics) with its parameters, as one flat vector. ``False`` keeps each
+            peer's buffers its own, and the peer warns at start when the model has any.
+        log_dir: write the peer's training record here: TensorBoard event files and
+            ``metrics.csv`` (step, loss, accuracy, bytes, exchanges), and MLflow where it
+            is installed and ``MLFLOW_TRACKING_URI`` is set.
     """
 
     peer_id: str
@@ -164,6 +172,8 @@ class PeerConfig:
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
     resume: bool = False
+    average_buffers: bool = True
+    log_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.peer_id, str) or SENDER_ID_PATTERN.fullmatch(self.peer_id) is None:
@@ -218,6 +228,14 @@ class PeerConfig:
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
             raise ValueError(
                 "PeerConfig.checkpoint_dir is required with checkpoint_every > 0 or resume"
+            )
+        if not isinstance(self.average_buffers, bool):
+            raise ValueError(
+                f"PeerConfig.average_buffers must be True or False, got {self.average_buffers!r}"
+            )
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise ValueError(
+                f"PeerConfig.log_dir must be a non-empty directory path, got {self.log_dir!r}"
             )
         if self.client_only and self.join == ():
             raise ValueError("PeerConfig.join must name at least one peer when client_only is set")
