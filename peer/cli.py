@@ -8,7 +8,8 @@ neighbours, bytes/s, drawn by rich on stderr), otherwise a JSON status line on
 stdout every ``--status-every`` steps; a final JSON status line always; and it
 stops cleanly (final checkpoint with ``--checkpoint-dir``) on SIGTERM or SIGINT
 (Ctrl-C). ``--eval-out FILE`` writes the final test loss and accuracy as JSON,
-``--save-model FILE`` the trained model (docs/models.md). Logs go to stderr
+``--save-model FILE`` the trained model (docs/models.md), ``--log-dir DIR`` a training
+record (``metrics.csv`` and TensorBoard event files, :mod:`peer.logbook`). Logs go to stderr
 (``--log-level``, ``--log-json`` for one JSON object per line); an unexpected error is
 one line too, with its traceback only under ``--log-level DEBUG``. Exit codes: 0 done or
 stopped by a signal, 1 an unexpected error, 2 bad arguments or no ``--join`` address
@@ -57,6 +58,7 @@ from gossip.algorithms import ORDERS
 from peer.auth import SECRET_ENV, OpenSwarmWarning, load_secret
 from peer.codecs import DENSE_CODECS
 from peer.config import ALGORITHMS, MODES, PeerConfig
+from peer.logbook import LogbookError, check_log_dir
 from peer.logs import configure_logging
 from peer.run import build_peer, human_bytes, run_peer
 from peer.topology import read_peer_list, topology_names
@@ -198,6 +200,13 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     peer.add_argument(
         "--resume", action="store_true", help="start from the newest valid checkpoint"
     )
+    peer.add_argument(
+        "--no-average-buffers",
+        dest="average_buffers",
+        action="store_false",
+        help="keep this peer's model buffers (BatchNorm running statistics) its own instead "
+        "of mixing them with the parameters; the peer warns at start if the model has any",
+    )
     work = parser.add_argument_group("workload")
     work.add_argument(
         "--dataset",
@@ -241,6 +250,14 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         help="write the trained model as safetensors + JSON at the end, see docs/models.md",
     )
     run.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="training record in DIR: metrics.csv (step, loss, accuracy, bytes, exchanges) "
+        "and TensorBoard event files (tensorboard --logdir DIR), a row per status line and "
+        "at the end; MLflow too if installed and MLFLOW_TRACKING_URI is set. Needs "
+        "pip install 'gossipnet[logging]'",
+    )
+    run.add_argument(
         "--progress",
         choices=("auto", "live", "lines"),
         default="auto",
@@ -264,7 +281,8 @@ CONFIG_FIELDS = (
     "round_deadline_s", "seed", "topology", "topology_weights", "rank", "device",
     "max_concurrent_exchanges", "request_timeout_s", "suspect_after", "evict_after",
     "secret_file", "clock_window_s", "tls_cert", "tls_key", "tls_ca", "max_body_factor",
-    "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume",
+    "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume", "average_buffers",
+    "log_dir",
 )  # fmt: skip
 FLAG_NAMES = {"peer_id": "--id", "codec": "--compressor", "peer_list": "--peers-file"}
 """Config fields whose flag is not ``--`` + the field name with dashes."""
@@ -393,6 +411,11 @@ def parse_peer_args(
     _check_numbers(args, parser)
     _check_secret(args, parser)
     _check_workload(args, parser)
+    if config.log_dir is not None:
+        try:
+            check_log_dir(config.log_dir)
+        except LogbookError as error:
+            parser.error(str(error))
     return args, config
 
 
@@ -458,6 +481,8 @@ def _build_and_run(args: argparse.Namespace, config: PeerConfig, parser: OneLine
         parser.error(flag_message(error))
     try:
         return asyncio.run(run_peer(peer, data, args))
+    except LogbookError as error:  # --log-dir changed since it was checked
+        parser.error(str(error))
     except OSError as error:
         if error.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
             _address_error(error, config, parser)

@@ -16,6 +16,13 @@ orphans.
 end, writes the average of the models of the peers that finished to FILE
 (``peer.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``).
 
+``--log-dir DIR`` keeps training records (:mod:`peer.logbook`: ``metrics.csv`` and
+TensorBoard event files): each peer's own in ``DIR/peer-<i>/`` (its ``--log-dir``), and
+the swarm as the launcher saw it in ``DIR/swarm/``: a row per peer each time a poll finds
+it at a new step (peer, step, loss, bytes, exchanges), then per peer its final test
+accuracy, and the centralized reference's (``peer`` = ``centralized``).
+``tensorboard --logdir DIR`` shows them all.
+
 This module is the command line and the order of events; ``demo`` is ``launch`` with
 defaults picked to finish in about a minute on two CPU cores: 4 peers, MNIST-1D, an MLP,
 asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
@@ -39,8 +46,10 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from peer.config import ALGORITHMS, MODES
+from peer.logbook import Logbook, LogbookError, check_log_dir
 from peer.progress import watch
 from peer.report import collect_results, print_results
 from peer.swarm import GRACE_S, Swarm, peer_flags
@@ -76,7 +85,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "printed beside a centralized run on the same data and number of samples."
         ),
         epilog="Every option but --peers, --client-only, --dir, --json, --progress, "
-        "--save-model and --peer-args is passed to each peer unchanged. Guide: docs/peer.md.",
+        "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
+        "Guide: docs/peer.md.",
     )
     swarm = parser.add_argument_group("swarm")
     swarm.add_argument("--peers", type=int, default=4, help="number of peer processes (2-64)")
@@ -142,6 +152,14 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="write the average of the finished peers' models as safetensors + JSON to FILE "
         "(docs/models.md)",
     )
+    out.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="training records as metrics.csv + TensorBoard event files: each peer's in "
+        "DIR/peer-<i>/, and the swarm's view in DIR/swarm/ (every peer's step, loss, bytes "
+        "and exchanges as polled, then each final test accuracy and the centralized one); "
+        "view with tensorboard --logdir DIR. Needs pip install 'gossipnet[logging]'",
+    )
     return parser
 
 
@@ -168,6 +186,11 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error(f"--save-model: folder {target.parent} does not exist (for {target})")
         if target.suffix == ".json":
             parser.error("--save-model: FILE must not end in .json (FILE.json is its description)")
+    if args.log_dir is not None:
+        try:
+            check_log_dir(Path(args.log_dir) / "swarm", peer_column=True)
+        except LogbookError as error:
+            parser.error(str(error))
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
     _check_peer_options(args, parser)
 
@@ -261,8 +284,10 @@ def _train_baseline(
         return CentralizedResult(error=f"{type(error).__name__}: {error}")
 
 
-async def _launch(swarm: Swarm, args: argparse.Namespace, progress: str) -> bool:
-    """Start the peers, watch them; True if stopped by a signal."""
+async def _launch(
+    swarm: Swarm, args: argparse.Namespace, progress: str, logbook: Logbook | None
+) -> bool:
+    """Start the peers, watch them (recording in ``logbook``); True if stopped by a signal."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -275,7 +300,7 @@ async def _launch(swarm: Swarm, args: argparse.Namespace, progress: str) -> bool
             file=sys.stderr,
             flush=True,
         )
-    await watch(swarm, progress, stop)
+    await watch(swarm, progress, stop, logbook)
     return stop.is_set()
 
 
@@ -310,25 +335,37 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         directory.mkdir(parents=True, exist_ok=True)
     else:
         directory = Path(tempfile.mkdtemp(prefix="gossipnet-launch-"))
-    swarm = Swarm(args, directory)
-    baseline: list[CentralizedResult] = []
-    halt = threading.Event()
-    reference = threading.Thread(
-        target=lambda: baseline.append(_train_baseline(args, dataset, halt)), daemon=True
-    )
-    reference.start()
-    interrupted = False
-    failed: str | None = None
+    logbook = None
+    if args.log_dir is not None:
+        try:
+            logbook = Logbook.open(Path(args.log_dir) / "swarm", run_name="swarm", peer_column=True)
+        except LogbookError as error:
+            parser.error(str(error))
     try:
-        interrupted = asyncio.run(_launch(swarm, args, progress))
-    except RuntimeError as error:
-        failed = str(error)
+        swarm = Swarm(args, directory)
+        baseline: list[CentralizedResult] = []
+        halt = threading.Event()
+        reference = threading.Thread(
+            target=lambda: baseline.append(_train_baseline(args, dataset, halt)), daemon=True
+        )
+        reference.start()
+        interrupted = False
+        failed: str | None = None
+        try:
+            interrupted = asyncio.run(_launch(swarm, args, progress, logbook))
+        except RuntimeError as error:
+            failed = str(error)
+        finally:
+            if interrupted or failed:
+                halt.set()
+            swarm.stop(GRACE_S)
+        reference.join()
+        results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
+        if logbook is not None:
+            record_results(logbook, swarm, results)
     finally:
-        if interrupted or failed:
-            halt.set()
-        swarm.stop(GRACE_S)
-    reference.join()
-    results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
+        if logbook is not None:
+            logbook.close()
     if args.save_model is not None:
         results["model"], problem = _save_average(swarm, args)
         failed = failed or problem
@@ -351,6 +388,38 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
     if interrupted:
         return 130
     return 1 if bad or failed else 0
+
+
+def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> None:
+    """The last rows of the swarm's record (``--log-dir``): each peer that evaluated, at
+    its final step with its last polled status and its test accuracy (blank for a model
+    without one) and test loss; then the centralized reference's (``peer`` =
+    ``centralized``, at ``--steps``)."""
+    polled = {peer.peer_id: peer.status for peer in swarm.peers}
+    for entry in results["peers"]:
+        if "test_accuracy" not in entry:
+            continue  # failed or stopped before evaluating: its polled rows say where
+        status = {
+            **polled.get(entry["id"], {}),
+            "step": entry["step"],
+            "exchanges_ok": entry.get("exchanges_ok"),
+            "exchanges_failed": entry.get("exchanges_failed"),
+        }
+        status.pop("exchanges", None)  # the evaluation's counts are the final ones
+        logbook.record_status(
+            status,
+            peer=entry["id"],
+            accuracy=entry["test_accuracy"],
+            test_loss=entry.get("test_loss"),
+        )
+    centralized = results["centralized"]
+    if centralized.get("test_accuracy") is not None:
+        logbook.record_status(
+            {"step": results["steps"]},
+            peer="centralized",
+            accuracy=centralized["test_accuracy"],
+            test_loss=centralized.get("test_loss"),
+        )
 
 
 def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, str | None]:

@@ -7,6 +7,10 @@ exchanges, bytes/s, state; an isolated peer in bold red) or a plain line every f
 The state column tells the truth (:meth:`peer.swarm.PeerProcess.state`): ``starting`` until
 a peer answers, ``waiting`` while it waits for the others, ``running``, ``finished`` once
 it reached its steps, ``stopped`` after Ctrl-C, ``failed: REASON``.
+
+With a :class:`~peer.logbook.Logbook` (``launch --log-dir``: ``DIR/swarm/``), every poll
+that sees a peer at a new step adds that peer's row (step, loss, bytes, exchanges) to the
+swarm's record (:func:`record_progress`), written in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from peer.logbook import Logbook
 from peer.status import human_bytes
 from peer.swarm import PeerProcess, Swarm, read_text
 
@@ -95,8 +100,28 @@ def live_table(swarm: Swarm) -> Any:
     return table
 
 
-async def watch(swarm: Swarm, mode: str, stop: asyncio.Event) -> None:
-    """Poll every peer until all exited or ``stop`` is set; draw the progress."""
+def record_progress(logbook: Logbook, swarm: Swarm, recorded: dict[str, int]) -> None:
+    """Add a row to the swarm's record for each peer whose polled step is new since its
+    last row (``recorded``: peer id -> step, updated). Blocking: call it in a thread."""
+    for peer in swarm.peers:
+        step = peer.status.get("step")
+        if isinstance(step, int) and recorded.get(peer.peer_id) != step:
+            logbook.record_status(peer.status, peer=peer.peer_id)
+            recorded[peer.peer_id] = step
+
+
+async def watch(
+    swarm: Swarm, mode: str, stop: asyncio.Event, logbook: Logbook | None = None
+) -> None:
+    """Poll every peer until all exited or ``stop`` is set; draw the progress (and record
+    it in ``logbook``, :func:`record_progress`)."""
+    recorded: dict[str, int] = {}
+
+    async def poll_all() -> None:
+        await asyncio.gather(*(_poll(session, p) for p in swarm.peers))
+        if logbook is not None:
+            await asyncio.to_thread(record_progress, logbook, swarm, recorded)
+
     timeout = aiohttp.ClientTimeout(total=1.0)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         live = None
@@ -109,7 +134,7 @@ async def watch(swarm: Swarm, mode: str, stop: asyncio.Event) -> None:
         last_line = time.monotonic()
         try:
             while swarm.alive() and not stop.is_set():
-                await asyncio.gather(*(_poll(session, p) for p in swarm.peers))
+                await poll_all()
                 if all(_finished(p, swarm.args.steps) for p in swarm.peers):
                     break
                 if live is not None:
@@ -123,7 +148,7 @@ async def watch(swarm: Swarm, mode: str, stop: asyncio.Event) -> None:
                     print("progress: " + "; ".join(parts), file=sys.stderr, flush=True)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
-            await asyncio.gather(*(_poll(session, p) for p in swarm.peers))
+            await poll_all()
             if live is not None:
                 live.update(live_table(swarm), refresh=True)
         finally:

@@ -8,7 +8,8 @@ this peer's shard of the partition, model, SGD with momentum, endless batches).
 after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stderr, or
 a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
 evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
-final JSON status line. A join that no ``--join`` address answered within
+final JSON status line. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
+:mod:`peer.logbook`) per chunk and a last one with the test accuracy. A join that no ``--join`` address answered within
 ``--join-timeout-s`` is one error line and exit code 2.
 """
 
@@ -29,6 +30,7 @@ import torch
 
 from peer.config import PeerConfig, resolve_device
 from peer.export import ModelRecipe, save_model, sidecar_path
+from peer.logbook import Logbook
 from peer.node import JoinError, Peer
 from workloads import Dataset, build_model, load_dataset, partition, peer_batches
 
@@ -89,7 +91,22 @@ def _check_save_model(path: str | None, eval_out: str | None = None) -> None:
 
 async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
     """Run ``peer`` as the flags say until done or signalled; returns the exit code: 0, or
-    2 when no ``--join`` address answered (one line on stderr naming it)."""
+    2 when no ``--join`` address answered (one line on stderr naming it). With
+    ``--log-dir`` (``PeerConfig.log_dir``) a :class:`~peer.logbook.Logbook` records a row
+    per chunk of ``--status-every`` steps (the cadence of the status lines, live or not)
+    and a last one after the stop, with the test accuracy when ``--eval-out`` evaluated."""
+    logbook = None
+    if peer.config.log_dir is not None:  # opened before the peer starts: a problem stops here
+        logbook = await asyncio.to_thread(Logbook.open, peer.config.log_dir, run_name=peer.peer_id)
+    try:
+        return await _run(peer, data, args, logbook)
+    finally:
+        if logbook is not None:
+            await asyncio.to_thread(logbook.close)
+
+
+async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Logbook | None) -> int:
+    """:func:`run_peer`'s body: start, train in chunks, hold, stop, evaluate, save."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -135,6 +152,7 @@ async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
             training.result()
             if not live:
                 print(json.dumps(_status_line(peer, rate)), flush=True)
+            await _record(logbook, peer)
         if args.hold and not stop.is_set():
             print(json.dumps({**_status_line(peer, rate), "holding": True}), flush=True)
             await stopping
@@ -149,11 +167,30 @@ async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
     if args.eval_out:
         evaluation = await _write_evaluation(peer, data, args)
         final["test_accuracy"] = evaluation["test_accuracy"]
+    await _record(logbook, peer, evaluation)
     model_file = getattr(args, "save_model", None)
     if model_file:
         final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
     print(json.dumps(final), flush=True)
     return 0
+
+
+async def _record(
+    logbook: Logbook | None, peer: Peer, evaluation: dict[str, Any] | None = None
+) -> None:
+    """One ``--log-dir`` row from the peer's status, written off the event loop; with an
+    ``evaluation`` (``--eval-out``) also the test accuracy (blank for a model without one,
+    ``None``) and the test loss (TensorBoard's ``test_loss``)."""
+    if logbook is None:
+        return
+    status = peer.status()
+    if evaluation is None:
+        await asyncio.to_thread(logbook.record_status, status)
+        return
+    accuracy, test_loss = evaluation["test_accuracy"], evaluation["test_loss"]
+    await asyncio.to_thread(
+        lambda: logbook.record_status(status, accuracy=accuracy, test_loss=test_loss)
+    )
 
 
 def join_failure(error: JoinError, join: Sequence[str]) -> str:

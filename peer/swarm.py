@@ -6,7 +6,8 @@ every rank gets a port in a generated peer file, :func:`free_ports`, and all sta
 A fresh 32-byte swarm secret is written to a file readable only by the user and passed with
 ``--secret-file``; peer i trains on shard i (``--num-peers N --peer-index i``) and writes its
 stdout, stderr, address, final evaluation (and, with ``--save-model``, its model) into the
-run directory (:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
+run directory (with ``launch --log-dir DIR``, its training record in ``DIR/peer-<i>/``)
+(:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
 which ``launch`` also checks before anything starts). :meth:`Swarm.stop` ends them
 together, never leaving orphans: SIGTERM to the group, a grace period for the final
 checkpoints, then SIGKILL. :meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason`
@@ -207,6 +208,8 @@ def peer_flags(
         flags += ["--checkpoint-dir", str(directory / f"peer-{index}.checkpoints")]
     if getattr(args, "save_model", None):
         flags += ["--save-model", str(directory / f"peer-{index}.safetensors")]
+    if getattr(args, "log_dir", None):  # launch --log-dir DIR: each peer's record in its folder
+        flags += ["--log-dir", str(Path(args.log_dir) / f"peer-{index}")]
     if peer_file is not None:
         flags += ["--peers-file", str(peer_file), "--rank", str(index)]
     if index >= args.peers - getattr(args, "byzantine_count", 0):  # the last K peers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -9,9 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "cli-test-swarm-secret-0123456789"
@@ -38,8 +41,14 @@ def wait_for_file(path: Path, process: subprocess.Popen[str], timeout: float = 6
     raise AssertionError(f"{path} did not appear")
 
 
-def status_lines(stdout: str) -> list[dict[str, object]]:
+def status_lines(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def metrics_rows(log_dir: Path) -> list[dict[str, str]]:
+    """The rows of ``--log-dir``'s metrics.csv."""
+    with (log_dir / "metrics.csv").open(newline="") as stream:
+        return list(csv.DictReader(stream))
 
 
 def test_two_peer_processes_train_together(tmp_path: Path) -> None:
@@ -53,7 +62,8 @@ def test_two_peer_processes_train_together(tmp_path: Path) -> None:
         address = wait_for_file(address_file, first)
         second = subprocess.run(
             gossipnet("--id", "b", "--join", address, "--peer-index", "1", "--steps", "12",
-                      "--status-every", "4", *WORKLOAD),
+                      "--status-every", "4", "--log-dir", str(tmp_path / "b-log"),
+                      "--eval-out", str(tmp_path / "b.eval.json"), *WORKLOAD),
             capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=100,
         )  # fmt: skip
         assert second.returncode == 0, second.stderr
@@ -68,13 +78,27 @@ def test_two_peer_processes_train_together(tmp_path: Path) -> None:
     assert final["stopped"] is True and final["step"] == 12 and final["neighbours"] == ["a"]
     assert final["bytes_out"] > 0 and final["bytes_in"] > 0
     assert "OPEN" not in second.stderr  # the secret came from GOSSIPNET_SECRET
+    # --log-dir: a row per status line (steps 4, 8, 12) and one at the end with the accuracy
+    rows = metrics_rows(tmp_path / "b-log")
+    assert [row["step"] for row in rows] == ["4", "8", "12", "12"]
+    assert [row["accuracy"] for row in rows[:3]] == ["", "", ""]  # not evaluated yet
+    assert float(rows[-1]["accuracy"]) == final["test_accuracy"]
+    assert float(rows[-1]["loss"]) == final["loss"]
+    assert int(rows[-1]["bytes_in"]) == final["bytes_in"] > 0
+    assert int(rows[-1]["exchanges_ok"]) > 0
+    events = EventAccumulator(str(tmp_path / "b-log"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("loss")] == [4, 8, 12, 12]
+    assert [event.value for event in events.Scalars("accuracy")] == [
+        pytest.approx(final["test_accuracy"])
+    ]
 
 
 def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
     address_file = tmp_path / "a.address"
     checkpoints = tmp_path / "checkpoints"
     common = ["--id", "a", "--checkpoint-dir", str(checkpoints), "--peer-index", "0",
-              "--status-every", "5", *WORKLOAD]  # fmt: skip
+              "--status-every", "5", "--log-dir", str(tmp_path / "log"), *WORKLOAD]  # fmt: skip
     running = subprocess.Popen(
         gossipnet(*common, "--address-file", str(address_file)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=ROOT,
@@ -101,6 +125,11 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert f"at step {stopped['step']}" in resumed.stdout
     assert status_lines(resumed.stdout)[-1]["step"] == stopped["step"] + 5
+    # --log-dir: the resumed run appends to the same metrics.csv under its one header
+    assert (tmp_path / "log" / "metrics.csv").read_text().count("time_s") == 1
+    steps = [int(row["step"]) for row in metrics_rows(tmp_path / "log")]
+    assert steps[-2:] == [stopped["step"] + 5] * 2  # its chunk, then the end
+    assert stopped["step"] in steps[:-2] and steps == sorted(steps)
 
 
 @pytest.mark.parametrize(
@@ -206,6 +235,10 @@ def test_a_renamed_flag_still_works_and_says_so_in_one_line(old: str) -> None:
         ),
         (["--id", "a", "--partition", "nosuch"], "--partition: unknown partition 'nosuch'"),
         (["--id", "a", "--model", "mlp:width=3"], "--model: mlp: unknown parameter(s) width"),
+        (
+            ["--id", "a", "--log-dir", "/dev/null/run"],
+            "--log-dir: /dev/null exists and is not a directory",
+        ),
     ],
 )
 def test_more_bad_arguments_in_process(
@@ -338,3 +371,72 @@ def test_ctrl_c_stops_a_peer_cleanly_like_sigterm(tmp_path: Path) -> None:
     final = status_lines(out)[-1]
     assert final["stopped"] is True
     assert list(checkpoints.glob("checkpoint-*.safetensors"))  # the final checkpoint
+
+
+def test_every_peer_config_field_has_a_flag() -> None:
+    """Each ``PeerConfig`` field is set by a flag: through ``CONFIG_FIELDS`` (one flag per
+    field), or by the network flags and ``--mode``/``--secret-file``, which build it."""
+    import dataclasses
+
+    from peer.cli import CONFIG_FIELDS, FLAG_NAMES, _parser
+    from peer.config import PeerConfig
+
+    built = {"host", "port", "advertise", "join", "peer_list", "mode", "secret", "codec"}
+    fields = {field.name for field in dataclasses.fields(PeerConfig)}
+    assert fields - built == set(CONFIG_FIELDS)
+    flags = {flag for action in _parser("p")._actions for flag in action.option_strings}
+    negated = {"fetch_state", "average_buffers"}  # --no-fetch-state, --no-average-buffers
+    for name in CONFIG_FIELDS:
+        flag = FLAG_NAMES.get(
+            name, "--" + ("no-" if name in negated else "") + name.replace("_", "-")
+        )
+        assert flag in flags, name
+
+
+def test_log_dir_and_no_average_buffers_reach_the_config(tmp_path: Path) -> None:
+    from peer.cli import parse_peer_args
+
+    _, default = parse_peer_args(["--id", "a", *WORKLOAD])
+    assert default.average_buffers is True and default.log_dir is None
+    _, config = parse_peer_args(
+        ["--id", "a", "--no-average-buffers", "--log-dir", str(tmp_path / "run"), *WORKLOAD]
+    )
+    assert config.average_buffers is False and config.log_dir == str(tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # checked, not created, by the parser
+
+
+def test_log_dir_problems_are_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from peer.cli import main
+
+    (tmp_path / "metrics.csv").write_text("epoch,val_loss\n")
+    with pytest.raises(SystemExit) as info:
+        main(["--id", "a", "--log-dir", str(tmp_path), *WORKLOAD])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"gossipnet peer: error: --log-dir: {tmp_path / 'metrics.csv'} has the columns "
+        "epoch,val_loss, not this record's time_s,step,loss,accuracy,bytes_in,bytes_out,"
+        "exchanges_ok,exchanges_failed; allowed: a new --log-dir, or that file moved away"
+    ]
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    with pytest.raises(SystemExit) as info:
+        main(["--id", "a", "--log-dir", str(tmp_path / "new"), *WORKLOAD])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gossipnet peer: error: --log-dir: TensorBoard logging needs the tensorboard package; "
+        "pip install 'gossipnet[logging]'"
+    ]
+    assert not (tmp_path / "new").exists()
+
+
+def test_peer_help_lists_log_dir_and_no_average_buffers(capsys: pytest.CaptureFixture[str]) -> None:
+    from peer.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--log-dir DIR" in text and "metrics.csv" in text
+    assert "--no-average-buffers" in text and "BatchNorm" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from .conftest import started_peer
 
@@ -81,6 +83,11 @@ def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
         assert f" {peer['exchanges_ok']} " in row and "ISOLATED" not in row
     secret = tmp_path / "swarm.secret"
     assert secret.stat().st_mode & 0o077 == 0 and len(secret.read_text()) == 64
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as stream:
+        return list(csv.DictReader(stream))
 
 
 def step_of(address: str) -> int:
@@ -208,6 +215,10 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
         ),
         (["launch", "--model", "no/such/model.py:Net"], "--model: file no/such/model.py does not"),
         (["status", "http://127.0.0.1:7000/v1/peers"], "with no path"),
+        (
+            ["launch", "--log-dir", "/dev/null/runs"],
+            "gossipnet launch: error: --log-dir: /dev/null exists and is not a directory",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_one_clear_line(
@@ -414,3 +425,75 @@ def test_launch_save_model_writes_the_swarm_average(tmp_path: Path, cache: str) 
         torch.testing.assert_close(tensor, (peers[0][name] + peers[1][name]) / 2)
     model = load_model(target)
     assert model(torch.zeros(3, 20)).shape == (3, 10)
+
+
+def test_launch_log_dir_keeps_each_peers_record_and_the_swarms(tmp_path: Path, cache: str) -> None:
+    logs = tmp_path / "logs"
+    result = subprocess.run(
+        gossipnet("launch", "--peers", "2", "--steps", "20", "--dataset",
+                  "synthetic:num_samples=400", "--dir", str(tmp_path / "run"), "--log-dir",
+                  str(logs), "--progress", "none", "--json"),
+        capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads(result.stdout.splitlines()[-1])
+    accuracy = {peer["id"]: peer["test_accuracy"] for peer in results["peers"]}
+    for name in ("peer-0", "peer-1"):  # each peer's own --log-dir: a row per status line
+        rows = read_rows(logs / name / "metrics.csv")
+        assert [row["step"] for row in rows] == [str(s) for s in range(2, 21, 2)] + ["20"]
+        assert float(rows[-1]["accuracy"]) == accuracy[name]
+        assert list((logs / name).glob("events.out.tfevents.*"))
+    swarm = read_rows(logs / "swarm" / "metrics.csv")
+    assert list(swarm[0]) == ["time_s", "peer", "step", "loss", "accuracy", "bytes_in",
+                              "bytes_out", "exchanges_ok", "exchanges_failed"]  # fmt: skip
+    *polled, last_0, last_1, centralized = swarm
+    assert {row["peer"] for row in polled} == {"peer-0", "peer-1"}
+    assert all(row["accuracy"] == "" for row in polled)  # not evaluated while training
+    assert all((row["loss"] == "") == (row["step"] == "0") for row in polled)  # no loss yet
+    assert {(row["peer"], row["step"]) for row in polled} >= {("peer-0", "20"), ("peer-1", "20")}
+    for row in (last_0, last_1):
+        assert row["step"] == "20" and float(row["accuracy"]) == accuracy[row["peer"]]
+        assert int(row["exchanges_ok"]) > 0
+    assert centralized["peer"] == "centralized"
+    assert float(centralized["accuracy"]) == results["centralized"]["test_accuracy"]
+    events = EventAccumulator(str(logs / "swarm"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss/peer-0", "loss/peer-1", "accuracy/peer-0", "accuracy/centralized"} <= tags
+    assert events.Scalars("accuracy/peer-1")[-1].value == pytest.approx(accuracy["peer-1"])
+
+
+def test_the_swarm_record_leaves_a_missing_accuracy_blank(tmp_path: Path) -> None:
+    """A regression model evaluates to ``"test_accuracy": None``: a blank cell, and no
+    centralized row without a centralized accuracy."""
+    from types import SimpleNamespace
+
+    from peer.launch import record_results
+    from peer.logbook import Logbook
+
+    results = {
+        "peers": [
+            {"id": "peer-0", "step": 30, "test_accuracy": None, "test_loss": 0.25,
+             "exchanges_ok": 7, "exchanges_failed": 0},
+            {"id": "peer-1", "step": 12, "state": "failed: killed by SIGKILL"},  # no evaluation
+        ],
+        "centralized": {"test_accuracy": None, "test_loss": None},
+        "steps": 30,
+    }  # fmt: skip
+    swarm = SimpleNamespace(peers=[])  # nothing polled: the results alone
+    with Logbook.open(tmp_path, run_name="swarm", peer_column=True) as book:
+        record_results(book, swarm, results)  # type: ignore[arg-type]
+    (row,) = read_rows(tmp_path / "metrics.csv")
+    assert (row["peer"], row["step"], row["accuracy"], row["loss"]) == ("peer-0", "30", "", "")
+    assert (row["exchanges_ok"], row["exchanges_failed"]) == ("7", "0")
+
+
+def test_launch_help_explains_log_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    from gossipnet.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--log-dir DIR" in text and "DIR/peer-<i>/" in text and "DIR/swarm/" in text
+    assert "tensorboard --logdir DIR" in text
