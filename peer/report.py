@@ -53,8 +53,10 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
         peers.append(entry)
     # Byzantine peers (launch --byzantine) are the attack, not the swarm: left out of the mean
     accuracies = [
-        p["test_accuracy"] for p in peers if "test_accuracy" in p and not p.get("byzantine")
-    ]
+        p["test_accuracy"]
+        for p in peers
+        if p.get("test_accuracy") is not None and not p.get("byzantine")
+    ]  # a regression model has no accuracy (None): it is left out, not counted as 0
     reached = [p["step"] for p in peers if p.get("step") is not None]
     return {
         "peers": peers,
@@ -107,6 +109,17 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
         table.add_column(column, justify="left" if not column else "right")
     for entry in results["peers"]:
         accuracy = entry.get("test_accuracy")
+        if accuracy is None and "test_loss" in entry:  # evaluated, but not a classifier
+            loss = entry["test_loss"]
+            table.add_row(
+                entry["id"],
+                str(entry["step"]),
+                "-" if loss is None else f"loss {loss:.4g}",
+                "-",
+                _count(entry.get("exchanges_ok")),
+                _count(entry.get("exchanges_failed")),
+            )
+            continue
         if accuracy is None:
             why = entry.get("error") or f"no result ({entry.get('state', 'unknown')})"
             step = "-" if entry.get("step") is None else str(entry["step"])

@@ -339,6 +339,28 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
     ]
 
 
+def test_the_table_shows_a_regression_peers_loss_and_leaves_it_out_of_the_mean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A model that is not a classifier evaluates to ``test_accuracy: None``: its row shows
+    its test loss, and the mean accuracy is of the classifiers only (not a 0 counted in)."""
+    import argparse
+
+    from peer.report import print_results
+
+    results = {
+        "peers": [
+            {"id": "peer-0", "step": 40, "test_accuracy": None, "test_loss": 0.0123,
+             "exchanges_ok": 7, "exchanges_failed": 0},
+        ],
+        "centralized": {"test_accuracy": None, "test_loss": None, "samples": 0, "error": None},
+    }  # fmt: skip
+    print_results(results, argparse.Namespace(steps=40, batch_size=32, peers=1))
+    out = capsys.readouterr().out.splitlines()
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out if "peer-0" in line]
+    assert cells == [["peer-0", "40", "loss 0.0123", "-", "7", "0"]]
+
+
 def test_the_state_column_says_where_each_peer_is(tmp_path: Path) -> None:
     """Real processes: one still running, one that exited cleanly, one that failed."""
     from peer.progress import status_row
