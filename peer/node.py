@@ -8,7 +8,12 @@ neighbours while its server keeps answering::
                     torch.nn.functional.cross_entropy, loader, config) as peer:
         await peer.run(steps=1000)          # rounds of gradient / exchange / step
 
-or drive it yourself: train under ``peer.lock``, then ``await peer.gossip()``.
+Per-step hooks: ``await peer.run(1000, callbacks=[log], scheduler=scheduler)`` calls
+``log(step, loss)`` after every optimizer step and steps the learning-rate scheduler
+after every step (or, with ``scheduler_every="round"``, every round). Or drive training
+yourself: train under ``peer.lock``, ``peer.record_step(loss)`` after each optimizer step
+(so ``/v1/status`` and ``/metrics`` show it), then ``await peer.gossip()``. A synchronous
+training loop with no event loop uses :class:`peer.background.BackgroundPeer` instead.
 
 Each round follows ``gossip.RoundPlan.phases()`` (combine-then-adapt by default:
 gradient, exchange, step). The exchange is
@@ -51,7 +56,7 @@ import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import torch
 from aiohttp import web
@@ -70,11 +75,18 @@ from peer.membership import check_address
 from peer.pairwise import PairwiseExchange
 from peer.server import make_runner
 from peer.sync_round import SyncRound
-from peer.trainer import Batch, OptimizerFactory, Trainer
+from peer.trainer import Batch, Evaluation, OptimizerFactory, Trainer
 from peer.training_state import load_training_state, save_training_state
 from peer.wire import check_sender
 
-__all__ = ["HEALTH_WINDOW_ROUNDS", "VIEW_REFRESH_ROUNDS", "JoinError", "Peer"]
+__all__ = [
+    "HEALTH_WINDOW_ROUNDS",
+    "SCHEDULER_EVERY",
+    "VIEW_REFRESH_ROUNDS",
+    "JoinError",
+    "Peer",
+    "StepCallback",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +98,53 @@ JOIN_RETRY_FIRST_S = 0.25
 JOIN_RETRY_MAX_S = 5.0
 MEMBERS_KEY = "members"
 """The checkpoint metadata key holding the membership view: JSON ``[{id, address}, ...]``."""
+SchedulerEvery = Literal["step", "round"]
+SCHEDULER_EVERY: tuple[SchedulerEvery, ...] = ("step", "round")
+"""When :meth:`Peer.run` steps a learning-rate scheduler: after every optimizer step, or
+after every round (the same with one local step per round)."""
+
+StepCallback = Callable[[int, float], object]
+"""``callback(step, loss)``, called after each optimizer step with the new step count and
+the loss of that step's batch (NaN if there was none)."""
+
+
+class Scheduler(Protocol):
+    """A learning-rate scheduler: anything with ``step()`` (``torch.optim.lr_scheduler``)."""
+
+    def step(self) -> Any: ...
+
+
+class _StepHooks:
+    """What :meth:`Peer.run` does after each optimizer step (and each round), checked once."""
+
+    def __init__(
+        self,
+        callbacks: Iterable[StepCallback],
+        scheduler: Scheduler | None,
+        scheduler_every: SchedulerEvery,
+    ) -> None:
+        self.callbacks = tuple(callbacks)
+        for index, callback in enumerate(self.callbacks):
+            if not callable(callback):
+                raise ValueError(
+                    f"callbacks[{index}] must be callable as callback(step, loss), got "
+                    f"{type(callback).__name__}"
+                )
+        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+            raise ValueError(
+                "scheduler must be a learning-rate scheduler with step() "
+                f"(torch.optim.lr_scheduler), got {type(scheduler).__name__}"
+            )
+        if scheduler_every not in SCHEDULER_EVERY:
+            raise ValueError(
+                f"scheduler_every must be one of {', '.join(SCHEDULER_EVERY)}, "
+                f"got {scheduler_every!r}"
+            )
+        self.per_step = scheduler if scheduler_every == "step" else None
+        self.per_round = scheduler if scheduler_every == "round" else None
+
+
+_NO_HOOKS = _StepHooks((), None, "step")
 
 
 class JoinError(ConnectionError):
@@ -126,11 +185,15 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
     """A gossip-training peer: model, optimizer, data, server, client and membership.
 
     Args:
-        model: the ``nn.Module``; its parameters are moved into one flat buffer
-            (``gossip.FlatParameters``) that training, mixing and the wire share.
-        optimizer: a torch optimizer over ``model.parameters()``, or a factory
-            ``params -> optimizer`` that is given ``[flat.parameter]`` (one vector
-            update for the whole model; preferred).
+        model: the ``nn.Module``; its parameters, and its floating-point buffers
+            (BatchNorm running statistics) unless ``PeerConfig.average_buffers`` is off,
+            are moved into one flat buffer (``gossip.FlatParameters``) that training,
+            mixing and the wire share; every exchange mixes all of it. Integer buffers
+            (``num_batches_tracked``) stay local.
+        optimizer: a torch optimizer over ``model.parameters()`` (it keeps working: the
+            module keeps its ``Parameter`` objects), or a factory ``params -> optimizer``
+            that is given ``[flat.parameter]`` (one vector update for the whole model,
+            the parameter part only; preferred).
         loss_fn: ``loss_fn(model(inputs), targets) -> scalar tensor``.
         train_data: an iterable of ``(inputs, targets)`` batches, re-iterated forever
             (a ``DataLoader`` reshuffles each pass).
@@ -156,7 +219,10 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         if recipe is not None and not isinstance(recipe, ModelRecipe):
             raise TypeError(f"recipe must be a ModelRecipe or None, got {type(recipe).__name__}")
         device = resolve_device(config.device)
-        super().__init__(Trainer(model, optimizer, loss_fn, train_data, device), config)
+        trainer = Trainer(
+            model, optimizer, loss_fn, train_data, device, buffers=config.average_buffers
+        )
+        super().__init__(trainer, config)
         self._init_pairwise()
         self._init_sync_round()
         self._runner: web.AppRunner | None = None
@@ -190,6 +256,14 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
             )
         if self.secret is None:
             warn_open_swarm(self.peer_id)
+        local = self.trainer.local_buffers
+        if local:
+            logger.warning(
+                "peer %s: average_buffers is off; its floating-point buffers stay local and "
+                "are never averaged: %s",
+                self.peer_id,
+                ", ".join(local),
+            )
         if config.checkpoint_dir is not None:
             remove_stale_temporaries(config.checkpoint_dir)
         if config.resume:
@@ -408,23 +482,49 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
 
     # ------------------------------------------------------------------ the round loop
 
-    async def run(self, steps: int) -> None:
-        """Train for at least ``steps`` optimizer steps, gossiping as the round plan says."""
+    async def run(
+        self,
+        steps: int,
+        *,
+        callbacks: Iterable[StepCallback] = (),
+        scheduler: Scheduler | None = None,
+        scheduler_every: SchedulerEvery = "step",
+    ) -> None:
+        """Train for at least ``steps`` optimizer steps, gossiping as the round plan says.
+
+        Args:
+            steps: optimizer steps to take (whole rounds: a round of ``local_steps`` steps
+                is never cut short).
+            callbacks: each is called as ``callback(step, loss)`` after every optimizer
+                step, in a worker thread, outside the model lock (so it may evaluate or
+                log); an exception stops ``run`` and propagates.
+            scheduler: a learning-rate scheduler over this peer's optimizer
+                (``torch.optim.lr_scheduler.StepLR(peer.optimizer, ...)``), stepped under
+                the model lock right after the optimizer step (``scheduler_every="step"``)
+                or after each round's exchange (``"round"``).
+            scheduler_every: ``"step"`` or ``"round"``.
+        """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+        hooks = _StepHooks(callbacks, scheduler, scheduler_every)
         target = self.step + steps
         while self.step < target:
-            await self.run_round()
+            await self._run_round(hooks)
 
     async def run_round(self) -> None:
         """One round: the phases of ``gossip.RoundPlan`` (gradient, step, exchange)."""
+        await self._run_round(_NO_HOOKS)
+
+    async def _run_round(self, hooks: _StepHooks) -> None:
         for phase in self.algorithm.plan.phases():
             if phase == "gradient":
                 await asyncio.to_thread(self._gradient)
             elif phase == "step":
-                await asyncio.to_thread(self._step)
+                await asyncio.to_thread(self._step, hooks)
             else:
                 await self.gossip()
+        if hooks.per_round is not None:
+            await asyncio.to_thread(self._step_scheduler, hooks.per_round)
 
     async def gossip(self) -> int:
         """One exchange phase in the configured mode; returns how many neighbours took part."""
@@ -442,23 +542,64 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
     def _gradient(self) -> None:
         self.metrics.loss.set(self.trainer.gradient())
 
-    def _step(self) -> None:
+    def _step(self, hooks: _StepHooks = _NO_HOOKS) -> None:
         with self.lock:
             self.trainer.optimizer_step()
-            self.metrics.step.set(self.step)
-            every = self.config.checkpoint_every
-            if every and self.step % every == 0:
-                self._save_checkpoint_locked()
+            if hooks.per_step is not None:
+                hooks.per_step.step()
+            self._after_step_locked()
+        for callback in hooks.callbacks:
+            callback(self.step, self.loss)
+
+    def _step_scheduler(self, scheduler: Scheduler) -> None:
+        with self.lock:
+            scheduler.step()
+
+    def _after_step_locked(self) -> None:
+        """Publish the step count and write the checkpoint it is due for (lock held)."""
+        self.metrics.step.set(self.step)
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
+            self._save_checkpoint_locked()
+
+    def record_step(self, loss: float | torch.Tensor | None = None) -> int:
+        """Count one optimizer step that your own code took; returns the new step count.
+
+        For training driven by hand (``with peer.lock: optimizer.step()``, then
+        ``await peer.gossip()``): ``/v1/status``, ``/metrics`` and the checkpoints
+        (``checkpoint_every``) see the step, and ``loss`` (a number or a scalar tensor,
+        optional) as the last training loss. Takes the model lock (not reentrant: call it
+        after releasing the lock); call it from a worker thread or the training thread.
+        """
+        if loss is not None:
+            self.record_loss(loss)
+        with self.lock:
+            self.trainer.record_step()
+            self._after_step_locked()
+        return self.step
+
+    def record_loss(self, loss: float | torch.Tensor) -> None:
+        """Show ``loss`` (a number or a scalar tensor) as the last training loss in
+        ``/v1/status`` and ``/metrics``."""
+        self.metrics.loss.set(self.trainer.record_loss(loss))
 
     def evaluate(
-        self, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 1024
-    ) -> dict[str, float]:
-        """Mean loss and accuracy (argmax) of the current model on ``(inputs, targets)``.
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        batch_size: int = 1024,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    ) -> Evaluation:
+        """Mean loss, and accuracy (argmax) for a classifier, of the current model on
+        ``(inputs, targets)`` (:meth:`peer.trainer.Trainer.evaluate`).
 
-        Runs under the model lock in eval mode, ``batch_size`` samples at a time; call it
-        from a worker thread (``asyncio.to_thread``) while the peer is serving.
+        ``accuracy`` is None for a model that is not a classifier (outputs ``[N, C]``,
+        ``C >= 2``, integer labels), such as a regression model. Runs under the model lock
+        in eval mode, ``batch_size`` samples at a time; call it from a worker thread
+        (``asyncio.to_thread``) while the peer is serving.
         """
-        return self.trainer.evaluate(inputs, targets, batch_size=batch_size)
+        return self.trainer.evaluate(inputs, targets, batch_size=batch_size, loss_fn=loss_fn)
 
     # ------------------------------------------------------------------ checkpoints
 

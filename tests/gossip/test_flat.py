@@ -167,3 +167,43 @@ def test_a_fully_frozen_module_has_an_empty_optimised_view() -> None:
     assert flat.parameter.numel() == 0 and flat.numel == 8
     torch.optim.SGD([flat.parameter], lr=1.0, weight_decay=1.0).step()
     assert flat.views_intact() and bool(flat.vector.ne(0).any())
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_an_optimizer_built_before_wrapping_keeps_stepping_the_module(foreach: bool) -> None:
+    """The drop-in's premise: the module keeps its Parameter objects, so the user's
+    optimizer (built on model.parameters() before wrapping, with momentum state already
+    made) and its LR scheduler go on exactly as without wrapping, writing into the flat
+    vector, and never touch the buffers it carries."""
+    model = small_model()
+    reference = copy.deepcopy(model)
+    optimizers = [
+        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3, foreach=foreach)
+        for m in (model, reference)
+    ]
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in optimizers]
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+
+    def step(module: nn.Module, index: int) -> None:
+        optimizers[index].zero_grad()  # set_to_none: backward makes new .grad tensors
+        nn.functional.cross_entropy(module(x), y).backward()
+        optimizers[index].step()
+        schedulers[index].step()
+
+    step(model, 0)
+    step(reference, 1)  # momentum buffers exist before wrapping
+    parameters = list(model.parameters())
+    flat = FlatParameters(model, buffers=True)
+    assert all(a is b for a, b in zip(model.parameters(), parameters))
+    assert all(a is b for a, b in zip(optimizers[0].param_groups[0]["params"], parameters))
+    before = flat.vector.clone()
+    for _ in range(4):
+        step(model, 0)
+        step(reference, 1)
+    assert flat.views_intact()
+    assert not torch.equal(flat.vector[: flat.parameter.numel()], before[: flat.parameter.numel()])
+    for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.allclose(mine.float(), theirs.float(), atol=1e-6), name
+    assert optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**2)
+    # the statistics in the vector are the module's own, moved by its forward passes only
+    assert torch.equal(flat.unflatten(flat.vector)["1.running_mean"], model[1].running_mean)  # type: ignore[index]

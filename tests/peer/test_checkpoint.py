@@ -174,25 +174,46 @@ def peer_of(model: torch.nn.Module, seed: int, **config: Any) -> Peer:
     )
 
 
-async def test_buffers_are_checkpointed_and_restored(tmp_path: Path) -> None:
-    first = peer_of(normalized_model(0), 0, checkpoint_dir=str(tmp_path))
+@pytest.mark.parametrize("average_buffers", [True, False])
+async def test_buffers_are_checkpointed_and_restored(tmp_path: Path, average_buffers: bool) -> None:
+    """Averaged float buffers live in ``flat`` (and its layout); local ones, and the integer
+    counter always, are ``buffer.*`` entries; either way resume restores every one."""
+    first = peer_of(
+        normalized_model(0), 0, checkpoint_dir=str(tmp_path), average_buffers=average_buffers
+    )
     await first.start()
     await first.run(steps=3)
     await first.stop()
     statistics = first.model[1].running_mean.clone()
+    variances = first.model[1].running_var.clone()
     assert statistics.abs().sum() > 0 and int(first.model[1].num_batches_tracked) == 3
     loaded = ckpt.load_latest(tmp_path)
     assert loaded is not None
-    assert {"buffer.1.running_mean", "buffer.1.running_var", "buffer.1.num_batches_tracked"} <= set(
-        loaded.tensors
-    )
+    statistics_names = {"1.running_mean", "1.running_var"}
+    local = {name.removeprefix("buffer.") for name in loaded.tensors if name.startswith("buffer.")}
+    in_flat = {name for name, _ in json.loads(loaded.metadata["layout"])}
+    assert "1.num_batches_tracked" in local and "1.num_batches_tracked" not in in_flat
+    if average_buffers:
+        assert statistics_names <= in_flat and not statistics_names & local
+        assert (
+            loaded.tensors["flat"].numel()
+            == first.flat.vector.numel()
+            == (4 * 4 + 4) + (4 + 4) + (4 * 2 + 2) + 8
+        )
+    else:
+        assert statistics_names <= local and not statistics_names & in_flat
     state = module_state(loaded)
+    assert set(state) == set(first.model.state_dict())
     for name, value in first.model.state_dict().items():
         assert torch.equal(state[name], value), name
-    second = peer_of(normalized_model(5), 5, checkpoint_dir=str(tmp_path), resume=True)
+    second = peer_of(
+        normalized_model(5), 5, checkpoint_dir=str(tmp_path), resume=True,
+        average_buffers=average_buffers,
+    )  # fmt: skip
     await second.start()
     try:
         assert torch.equal(second.model[1].running_mean, statistics)
+        assert torch.equal(second.model[1].running_var, variances)
         assert int(second.model[1].num_batches_tracked) == 3
         assert torch.equal(second.flat.vector, first.flat.vector)
     finally:

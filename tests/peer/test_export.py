@@ -230,6 +230,63 @@ def test_buffers_are_averaged_and_counters_keep_the_largest(tmp_path: Path) -> N
     assert int(averaged[1].num_batches_tracked) == 3
 
 
+async def batchnorm_checkpoint(folder: Path, peer_id: str, seed: int, shift: float) -> Peer:
+    """A peer of a registered BatchNorm model (``normalized-test``) that trained alone on
+    data shifted by ``shift``, averaging its buffers (the default), and checkpointed."""
+    recipe = ModelRecipe("normalized-test", (5,), 3, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    batches = [
+        (torch.randn(16, 5, generator=g) + shift, torch.randint(0, 3, (16,), generator=g))
+        for _ in range(3)
+    ]
+    peer = Peer(
+        recipe.build(),
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        torch.nn.functional.cross_entropy,
+        batches,
+        PeerConfig(peer_id=peer_id, checkpoint_dir=str(folder), secret=SECRET),
+        recipe=recipe,
+    )
+    assert "1.running_mean" in peer.flat.layout.names  # in the flat vector, so gossiped
+    await peer.start()
+    await peer.run(steps=3 + seed)
+    await peer.stop()
+    return peer
+
+
+async def test_a_batchnorm_peers_checkpoints_export_and_average_with_their_buffers(
+    tmp_path: Path,
+) -> None:
+    """Checkpoint, load_model, --save-model and gossipnet export round-trip a BatchNorm
+    model whose statistics ride in the flat vector: every tensor of its state_dict."""
+    register_model("normalized-test", normalized, replace=True)
+    try:
+        a = await batchnorm_checkpoint(tmp_path / "peer-0.checkpoints", "a", seed=0, shift=0.0)
+        b = await batchnorm_checkpoint(tmp_path / "peer-1.checkpoints", "b", seed=1, shift=3.0)
+        a_state, b_state = state_of(a.model), state_of(b.model)
+        assert (
+            int(a_state["1.num_batches_tracked"]) == 3 and a_state["1.running_mean"].abs().sum() > 0
+        )
+        # a checkpoint folder loads as the peer's module, statistics and counter included
+        assert_same_state(state_of(load_model(tmp_path / "peer-0.checkpoints")), a_state)
+        # --save-model's file too
+        with a.lock:
+            saved = save_model(tmp_path / "a.safetensors", a.model, a.recipe, step=a.step)  # type: ignore[arg-type]
+        assert_same_state(state_of(load_model(saved)), a_state)
+        # gossipnet export of both: the swarm's average, statistics averaged too
+        out = tmp_path / "swarm.safetensors"
+        assert main([str(tmp_path / "peer-0.checkpoints"), str(tmp_path / "peer-1.checkpoints"),
+                     "--out", str(out)]) == 0  # fmt: skip
+        averaged = state_of(load_model(out))
+    finally:
+        del MODELS["normalized-test"]
+    for name in ("1.running_mean", "1.running_var", "0.weight"):
+        expected = (a_state[name].double() + b_state[name].double()).div(2).float()
+        assert torch.equal(averaged[name], expected), name
+    assert not torch.allclose(a_state["1.running_mean"], b_state["1.running_mean"], atol=0.1)
+    assert int(averaged["1.num_batches_tracked"]) == 4  # the larger counter (b took 4 steps)
+
+
 # --------------------------------------------------------------------------- hostile files
 
 
