@@ -97,11 +97,9 @@ class BatchedPeers:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n: number of peers must be an integer >= 1, got {n!r}")
         if init not in ("same", "independent"):
-            raise ValueError(f"init: must be one of 'same', 'independent', got {init!r}")
+            raise ValueError(f"init: got {init!r}; allowed: same, independent")
         if kernel not in KERNELS:
-            raise ValueError(
-                f"kernel: must be one of {', '.join(map(repr, KERNELS))}, got {kernel!r}"
-            )
+            raise ValueError(f"kernel: got {kernel!r}; allowed: {', '.join(KERNELS)}")
         if isinstance(model, nn.Module):
             template = model
             factory: Callable[[], nn.Module] | None = None

@@ -10,6 +10,11 @@ gossipnet sim list
 ``compare`` is a sweep over one field without a results folder; ``sweep`` writes a tidy
 table (CSV, Parquet), a figure and one file per finished run, and resumes. See
 docs/sweeps.md.
+
+Exit status: 0 done; 1 a run of a sweep or comparison failed (the others' results are
+written); 2 bad input (one line on stderr); 3 a run diverged (its honest models stopped being
+finite, :mod:`sim.divergence`): what it recorded until then is written, a sweep or comparison
+runs the others.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, NoReturn
 
 from sim.build import build
 from sim.config import ALGORITHMS, ConfigError, ExperimentConfig, load_experiment
+from sim.divergence import EXIT_DIVERGED, Divergence
 from sim.metrics import Record, plot, write_csv, write_jsonl
 from sim.runner import run
 from sim.sweep import (
@@ -107,7 +113,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         sub.add_argument("--csv", type=Path, help="write the records as CSV")
     chosen = compare.add_mutually_exclusive_group(required=True)
     chosen.add_argument(
-        "--algorithms", help="comma-separated names; choices: " + ", ".join(ALGORITHMS)
+        "--algorithms", help="comma-separated names; allowed: " + ", ".join(ALGORITHMS)
     )
     chosen.add_argument(
         "--over",
@@ -167,8 +173,12 @@ def _override(config: ExperimentConfig, args: argparse.Namespace) -> ExperimentC
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def _run_one(config: ExperimentConfig, quiet: bool) -> list[Record]:
+def _run_one(config: ExperimentConfig, quiet: bool, prog: str) -> list[Record]:
+    """One run with a progress bar; a divergence is one line on stderr."""
     from rich.progress import Progress
+
+    def diverged(divergence: Divergence) -> None:
+        print(f"{prog}: {config.name}: {divergence.message()}", file=sys.stderr)
 
     algorithm, ctx, evaluation = build(config)
     with Progress(transient=True, disable=quiet) as progress:
@@ -180,6 +190,7 @@ def _run_one(config: ExperimentConfig, quiet: bool) -> list[Record]:
             rounds=config.rounds,
             eval_every=config.eval_every,
             on_round=lambda _: progress.advance(task),
+            on_diverge=diverged,
         )
 
 
@@ -187,6 +198,8 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
     from rich.console import Console
     from rich.table import Table
 
+    # a run that diverged shows its last evaluation before that, and the round it diverged at
+    diverged = any(records[-1].diverged_at is not None for records in runs.values())
     table = Table(title="final evaluation (honest peers)")
     for column in (
         first,
@@ -197,11 +210,12 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
         "accuracy",
         "worst peer",
         "consensus dist.",
+        *(("diverged at",) if diverged else ()),
     ):
         table.add_column(column, justify="left" if column == first else "right", no_wrap=True)
     for name, records in runs.items():
         last = records[-1]
-        table.add_row(
+        cells = [
             name,
             str(last.round),
             f"{last.time:.4g}",
@@ -210,9 +224,13 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
             f"{last.test_accuracy:.4f}",
             f"{last.peer_accuracy_worst:.4f}",
             f"{last.consensus_distance:.3g}",
-        )
+        ]
+        if diverged:
+            cells.append("" if last.diverged_at is None else f"round {last.diverged_at}")
+        table.add_row(*cells)
     console = Console()
-    console.width = max(console.width, 120, 100 + max(len(name) for name in runs))
+    wide = 135 if diverged else 120
+    console.width = max(console.width, wide, wide - 20 + max(len(name) for name in runs))
     console.print(table)
 
 
@@ -242,7 +260,7 @@ def _compare_axis(args: argparse.Namespace) -> GridAxis:
     if not names or unknown:
         raise SweepError(
             "--algorithms",
-            f"unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(ALGORITHMS)}",
+            f"unknown {', '.join(unknown) or '(empty)'}; allowed: {', '.join(ALGORITHMS)}",
         )
     return parse_axis("algorithm=" + ",".join(names), flag="--algorithms")
 
@@ -289,14 +307,23 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _failures(outcome: SweepOutcome, label: str) -> int:
-    if not outcome.failed:
-        return 0
-    print(
-        f"{label}: {len(outcome.failed)} run{'s' if len(outcome.failed) != 1 else ''} failed "
-        "(see above); the others' results are written",
-        file=sys.stderr,
-    )
-    return 1
+    """The exit status: 1 when a run failed, else 3 when one diverged, else 0."""
+    if outcome.failed:
+        print(
+            f"{label}: {len(outcome.failed)} run{'s' if len(outcome.failed) != 1 else ''} "
+            "failed (see above); the others' results are written",
+            file=sys.stderr,
+        )
+        return 1
+    if outcome.diverged:
+        count = len(outcome.diverged)
+        print(
+            f"{label}: {count} run{'s' if count != 1 else ''} diverged (see above; their "
+            "records stop there, column diverged_at); the others ran to the end",
+            file=sys.stderr,
+        )
+        return EXIT_DIVERGED
+    return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -343,7 +370,7 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim") -> int:
         if args.command == "sweep":
             return _sweep(args)
         config = _override(load_experiment(args.experiment), args)
-        runs = {config.algorithm.name: _run_one(config, args.quiet)}
+        runs = {config.algorithm.name: _run_one(config, args.quiet, prog)}
     except (ConfigError, ValueError, MissingDependency) as error:
         # bad input found while parsing, planning, building or running
         parser.error(str(error))
@@ -359,4 +386,4 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim") -> int:
         write_csv(every, csv)
     if figure:
         plot(runs, figure, title=config.name)
-    return 0
+    return EXIT_DIVERGED if every and every[-1].diverged_at is not None else 0

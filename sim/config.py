@@ -5,8 +5,10 @@ and the allowed values. :func:`load_experiment` reads TOML (``tomllib``), reject
 keys, and :func:`build` turns a config into the algorithm, the simulation context and the
 evaluation, using ``workloads`` (data, partition, model), ``topologies`` (graph, mixing
 weights, schedule), ``gossip`` (algorithms, compressors) and ``consensus`` (rules, attacks).
-A ``[graph]`` file is read (from the experiment file's folder, ``base_dir``) and checked
-against ``workload.peers`` when the experiment is made; the labels of a ``label-sets``
+Every input path in the file (the ``[graph]`` file, a ``FILE.py:FACTORY`` model or data set,
+``.npz`` data, data and cache folders) is relative to the file's own folder (``base_dir``,
+:mod:`sim.paths`); ``[output]`` paths are relative to the working directory. A ``[graph]``
+file is read and checked against ``workload.peers`` when the experiment is made; the labels of a ``label-sets``
 partition are checked against the data set's classes when the run is built.
 
 A complete file (every key optional except where noted)::
@@ -26,7 +28,8 @@ A complete file (every key optional except where noted)::
     partition = "iid"              # "dirichlet:alpha=0.1", "shards:shards_per_peer=2",
                                    # "label-sets" (with label_sets), "label-sets:sets=0-4|5-9"
     label_sets = {clique1 = "0-4", clique2 = "5-9"}   # group or peer id -> its classes
-    model = "mlp"                  # "mlp:hidden=64", "cnn1d", "logistic", "mlp-100k"
+    model = "mlp"                  # "mlp:hidden=64", "cnn1d", "logistic", "mlp-100k",
+                                   # "mymodel.py:Net" (relative to this file)
     peers = 16
     batch_size = 32
     init = "same"                  # or "independent"
@@ -105,6 +108,7 @@ from sim.algorithms import (
 )
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
+from sim.paths import resolve_experiment_paths
 from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
@@ -167,7 +171,7 @@ def _float(
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
-        raise _fail(name, f"must be one of {', '.join(choices)}; got {value!r}")
+        raise _fail(name, f"got {value!r}; allowed: {', '.join(choices)}")
     return str(value)
 
 
@@ -292,8 +296,8 @@ class AlgorithmConfig:
             if given and item.name not in reads:
                 raise _fail(
                     f"algorithm.{item.name}",
-                    f"is not used by {self.name} (it reads "
-                    f"{', '.join(reads) or 'no other key'}); remove it",
+                    f"is not used by {self.name}, remove it; allowed: "
+                    f"{', '.join(reads) or 'no other key'}",
                 )
         if self.name in GOSSIP_ALGORITHMS:
             try:
@@ -583,7 +587,8 @@ class ExperimentConfig:
         _int("rounds", self.rounds, 0)
         _int("eval_every", self.eval_every, 1)
         if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
-            raise _fail("device", f"must be {DEVICE_CHOICES}; got {self.device!r}")
+            allowed = DEVICE_CHOICES.replace(" or ", ", ")
+            raise _fail("device", f"got {self.device!r}; allowed: {allowed}")
         _choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
         _float("optimizer.lr", self.optimizer.lr, 0.0, open_low=True)
         _float("optimizer.momentum", self.optimizer.momentum, 0.0, 0.999999)
@@ -762,7 +767,7 @@ def _known(where: str, table: Mapping[str, Any], cls: type) -> dict[str, Any]:
     if unknown:
         raise _fail(
             f"{where}{unknown[0]}" if where else unknown[0],
-            f"unknown key; allowed keys{' in [' + where.rstrip('.') + ']' if where else ''}: "
+            f"unknown key{' in [' + where.rstrip('.') + ']' if where else ''}; allowed: "
             + ", ".join(allowed),
         )
     return dict(table)
@@ -773,11 +778,13 @@ def experiment_from_dict(
 ) -> ExperimentConfig:
     """Build and validate an :class:`ExperimentConfig` from nested tables (TOML, JSON).
 
-    ``base_dir``: where relative file paths in the tables (a user graph's edge list, say)
-    are resolved from; :func:`load_experiment` passes the experiment file's folder
-    (default: the working directory).
+    ``base_dir``: where relative paths in the tables are resolved from (the ``[graph]``
+    file, a ``FILE.py:FACTORY`` model or data set, ``.npz`` data, data folders and the
+    cache folder: :mod:`sim.paths`); :func:`load_experiment` passes the experiment file's
+    folder (default: the working directory).
     """
     top = _known("", data, ExperimentConfig)
+    top = resolve_experiment_paths(top, Path(".") if base_dir is None else Path(base_dir))
     for section, cls in _SECTIONS.items():
         if section in top:
             table = top[section]
@@ -788,11 +795,6 @@ def experiment_from_dict(
                 for key in ("crashes", "links"):
                     if key in values:
                         values[key] = tuple(values[key])
-            if section == "graph" and isinstance(values.get("file"), str):
-                file = Path(values["file"]).expanduser()
-                if not file.is_absolute() and base_dir is not None:
-                    file = Path(base_dir) / file
-                values["file"] = str(file)
             try:
                 top[section] = cls(**values)
             except TypeError as error:

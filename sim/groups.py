@@ -73,8 +73,8 @@ def members_of(
     members: set[int] = set()
     for name in names:
         if name not in groups:
-            known = ", ".join(groups) or "none: add a [groups] table"
-            raise ValueError(f"{where}: unknown group {name!r}; groups: {known}")
+            known = ", ".join(groups) or "none (the experiment has no [groups] table)"
+            raise ValueError(f"{where}: unknown group {name!r}; allowed: {known}")
         members.update(groups[name])
     return tuple(sorted(members))
 
@@ -102,9 +102,10 @@ def peer_label_sets(
         elif isinstance(key, str) and key.strip().isdigit():
             members = _ids(int(key), where, peers)
         else:
-            known = ", ".join(groups) or "none"
+            known = "".join(f"{group}, " for group in groups)
             raise ValueError(
-                f"{where}: a key is a group name (groups: {known}) or a peer id, got {key!r}"
+                f"{where}: got {key!r}, neither a group name nor a peer id; "
+                f"allowed: {known}0..{peers - 1}"
             )
         labels = parse_id_set(value, where)
         for peer in members:

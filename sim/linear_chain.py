@@ -220,8 +220,8 @@ class LinearChain:
                 steps.append(_activation(name, module))
             else:
                 raise NotALinearChainError(
-                    f"{name}: {kind.__name__} is not supported (Linear, Flatten and "
-                    f"{', '.join(k.__name__ for k in ACTIVATIONS)} are)"
+                    f"{name}: {kind.__name__} is not supported; allowed: Linear, Flatten, "
+                    f"{', '.join(k.__name__ for k in ACTIVATIONS)}"
                 )
         dense = [s for s in steps if isinstance(s, _Dense)]
         if not dense:

@@ -8,6 +8,9 @@ All model metrics are over the honest peers only (Byzantine peers' own models do
 - ``consensus_distance``: (1/m) Σ_i ‖x_i − x̄‖², how far the peers are from agreeing;
 - ``time``: simulated seconds; ``bytes_total`` / ``bytes_busiest``: bytes sent by all peers
   and by the busiest one (a server counts as one busy peer);
+- ``diverged_at``: the round at which the run's honest models stopped being finite, on
+  every record of a run that diverged (:mod:`sim.divergence`; the run ended there), else
+  ``None`` (an empty cell in CSV, null in JSON);
 - ``group_metrics``: when the experiment names groups of peers (``[groups]``), each group's
   accuracy, worst member, inner consensus distance, accuracy on each group's classes and
   distance to the other groups, under flat keys ``group/<name>/<metric>[/<other group>]``
@@ -60,8 +63,15 @@ class Record:
     consensus_distance: float
     train_loss: float
     group_metrics: Mapping[str, float] = field(default_factory=dict)
+    diverged_at: int | None = None
 
     def __post_init__(self) -> None:
+        if self.diverged_at is not None and (
+            isinstance(self.diverged_at, bool)
+            or not isinstance(self.diverged_at, int)
+            or self.diverged_at < 1
+        ):
+            raise ValueError(f"diverged_at: must be None or a round >= 1, got {self.diverged_at!r}")
         stray = [key for key in self.group_metrics if not key.startswith(GROUP_PREFIX)]
         if stray:
             raise ValueError(
@@ -80,11 +90,14 @@ class Record:
         """The record :meth:`as_dict` wrote: the fixed columns, the ``group/`` keys into
         :attr:`group_metrics`; any other key is an error naming it."""
         fixed = {key: value for key, value in row.items() if key in COLUMNS}
+        diverged = fixed.get("diverged_at")
+        if isinstance(diverged, float):  # JSON null read back as NaN, or 38.0 from a table
+            fixed["diverged_at"] = None if math.isnan(diverged) else int(diverged)
         groups = {key: float(value) for key, value in row.items() if key.startswith(GROUP_PREFIX)}
         unknown = sorted(set(row) - set(fixed) - set(groups))
         if unknown:
             raise ValueError(
-                f"record: unknown column {unknown[0]!r}; columns: {', '.join(COLUMNS)} and "
+                f"record: unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)}, "
                 f"{GROUP_PREFIX}... keys"
             )
         return cls(**fixed, group_metrics=groups)

@@ -142,8 +142,8 @@ class ComputeModel:
         _per_peer("step_time", self.step_time, self.n, "positive")
         if self.distribution not in COMPUTE_DISTRIBUTIONS:
             raise ValueError(
-                f"distribution: must be one of {', '.join(COMPUTE_DISTRIBUTIONS)}, "
-                f"got {self.distribution!r}"
+                f"distribution: got {self.distribution!r}; "
+                f"allowed: {', '.join(COMPUTE_DISTRIBUTIONS)}"
             )
         _non_negative("spread", self.spread)
         if self.distribution == "uniform" and self.spread >= 1:

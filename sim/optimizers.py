@@ -55,7 +55,7 @@ def build_optimizer(
         return _fused_if_supported(
             torch.optim.Adam, params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
-    raise ValueError(f"optimizer: must be one of 'sgd', 'adam', got {name!r}")
+    raise ValueError(f"optimizer: got {name!r}; allowed: sgd, adam")
 
 
 def _check_hyperparameters(lr: float, momentum: float, weight_decay: float) -> None:
@@ -117,7 +117,7 @@ class RowOptimizer:
     ) -> None:
         _check_hyperparameters(lr, momentum, weight_decay)
         if name not in OPTIMIZERS:
-            raise ValueError(f"optimizer: must be one of 'sgd', 'adam', got {name!r}")
+            raise ValueError(f"optimizer: got {name!r}; allowed: sgd, adam")
         if name == "sgd" and nesterov and momentum == 0:
             raise ValueError("nesterov: Nesterov momentum needs momentum > 0, got momentum 0")
         if not all(0 <= beta < 1 for beta in betas):

@@ -1,12 +1,19 @@
-"""Run one algorithm round by round: advance the simulated clock, count bytes, evaluate."""
+"""Run one algorithm round by round: advance the simulated clock, count bytes, evaluate.
+
+A run whose honest models stop being finite ends at that round (:mod:`sim.divergence`): the
+records evaluated before it are returned, each marked ``diverged_at``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+from torch import Tensor
 
 from sim.algorithms import Algorithm, Context, RoundReport
+from sim.divergence import Divergence, find_divergence
 from sim.metrics import Evaluation, Record
 
 
@@ -41,9 +48,17 @@ def run(
     rounds: int,
     eval_every: int = 10,
     on_round: Callable[[int], None] | None = None,
+    on_diverge: Callable[[Divergence], None] | None = None,
 ) -> list[Record]:
     """Run ``rounds`` rounds of ``algorithm``; evaluate before the first round, every
-    ``eval_every`` rounds and after the last. Returns the records in order."""
+    ``eval_every`` rounds and after the last. Returns the records in order.
+
+    After every round the honest models are checked: the first round that leaves one of them
+    non-finite (or fails because one became non-finite within it: a rule refuses a
+    non-finite own vector) ends the run. The records evaluated before it are returned, each
+    with ``diverged_at`` set to that round, and ``on_diverge`` is called with the
+    :class:`~sim.divergence.Divergence` (which peers, which round).
+    """
     if not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds: must be an integer >= 0, got {rounds!r}")
     if not isinstance(eval_every, int) or eval_every < 1:
@@ -53,18 +68,44 @@ def run(
     steps = 0
     train_loss = float("nan")
     records = [_record(algorithm, ctx, evaluation, counter, steps, train_loss)]
+    divergence: Divergence | None = None
     for index in range(rounds):
-        report = algorithm.round(ctx)
+        try:
+            report = algorithm.round(ctx)
+        except ValueError:
+            # a rule refuses a non-finite own vector: the round itself made one (its local
+            # step overflowed); any other error is the caller's to see
+            divergence = _divergence(algorithm, ctx, ctx.round + 1)
+            if divergence is None:
+                raise
+            break
         ctx.time += report.time
         ctx.round += 1
         counter.add(report)
         steps += report.steps
         train_loss = report.train_loss
+        divergence = _divergence(algorithm, ctx, ctx.round)
+        if divergence is not None:
+            break
         if ctx.round % eval_every == 0 or index == rounds - 1:
             records.append(_record(algorithm, ctx, evaluation, counter, steps, train_loss))
         if on_round is not None:
             on_round(ctx.round)
-    return records
+    if divergence is None:
+        return records
+    if on_diverge is not None:
+        on_diverge(divergence)
+    return [dataclasses.replace(record, diverged_at=divergence.round) for record in records]
+
+
+def _divergence(algorithm: Algorithm, ctx: Context, round_: int) -> Divergence | None:
+    """The divergence at ``round_`` if an honest model is non-finite now. A gossip runner's
+    ``parameters`` (every peer's row of one ``[n, d]`` tensor, the rows ``models()`` copies
+    the honest ones from) are checked in place, without that copy."""
+    rows = getattr(algorithm, "parameters", None)
+    if not (isinstance(rows, Tensor) and rows.dim() == 2 and rows.shape[0] == ctx.n):
+        rows = algorithm.models(ctx)
+    return find_divergence(round_, rows, ctx.honest)
 
 
 def _record(
@@ -84,7 +125,11 @@ def _record(
         steps=steps,
         bytes_total=counter.total,
         bytes_busiest=counter.busiest,
+        test_accuracy=measured["test_accuracy"],
+        test_loss=measured["test_loss"],
+        peer_accuracy_mean=measured["peer_accuracy_mean"],
+        peer_accuracy_worst=measured["peer_accuracy_worst"],
+        consensus_distance=measured["consensus_distance"],
         train_loss=train_loss,
         group_metrics=evaluation.measure_groups(ctx.peers, models, ctx.honest),
-        **measured,
     )

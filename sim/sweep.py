@@ -166,16 +166,15 @@ def split_values(text: str) -> list[str]:
 
 
 def _field_path(name: str, flag: str) -> tuple[str, ...]:
-    choices = f"short names {', '.join(FIELD_ALIASES)}, or a dotted path such as optimizer.lr"
+    allowed = (
+        f"allowed: {', '.join(FIELD_ALIASES)}, or a dotted path into the file under "
+        f"{', '.join(_TOP_LEVEL)} (optimizer.lr)"
+    )
     if not _FIELD.fullmatch(name):
-        raise SweepError(flag, f"{name!r} is not a field name; use {choices}")
+        raise SweepError(flag, f"{name!r} is not a field name; {allowed}")
     path = tuple(FIELD_ALIASES.get(name, name).split("."))
     if path[0] not in _TOP_LEVEL:
-        raise SweepError(
-            flag,
-            f"unknown field {name!r}; use {choices} (top-level keys and sections: "
-            f"{', '.join(_TOP_LEVEL)})",
-        )
+        raise SweepError(flag, f"unknown field {name!r}; {allowed}")
     return path
 
 
@@ -398,13 +397,15 @@ def plan_sweep(
 @dataclass
 class SweepOutcome:
     """What a sweep produced: each finished run's records (plain dicts, NaN as None) by key,
-    how many runs ran now and how many were found finished, and the failures."""
+    how many runs ran now and how many were found finished, the failures, and the runs that
+    diverged (key -> the round; their records stop there and carry ``diverged_at``)."""
 
     plan: SweepPlan
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     executed: int = 0
     reused: int = 0
     failed: dict[str, str] = field(default_factory=dict)
+    diverged: dict[str, int] = field(default_factory=dict)
 
     def runs(self) -> dict[str, list[Record]]:
         """Finished runs as :class:`Record` lists, by point label (``sim compare``'s table
@@ -417,6 +418,12 @@ class SweepOutcome:
                     for row in self.records[point.key]
                 ]
         return result
+
+
+def diverged_at(records: Sequence[Mapping[str, Any]]) -> int | None:
+    """The round a run diverged at, from its records (``diverged_at``), or None."""
+    value = records[-1].get("diverged_at") if records else None
+    return None if value is None else int(value)
 
 
 def execute(
@@ -439,6 +446,9 @@ def execute(
         else:
             outcome.records[task["key"]] = stored
             outcome.reused += 1
+            diverged = diverged_at(stored)
+            if diverged is not None:
+                outcome.diverged[task["key"]] = diverged
     rounds = {point.key: point.config.rounds for point in plan.points}
     progress = progress or SweepProgress(quiet=True)
     progress.start(
@@ -457,6 +467,10 @@ def execute(
                     store.save(event.key, values=point.values, data=point.data, records=records)
                 outcome.records[event.key] = records
                 outcome.executed += 1
+                diverged = diverged_at(records)
+                if diverged is not None:
+                    outcome.diverged[event.key] = diverged
+                    progress.run_diverged(event.key, labels[event.key], diverged)
                 progress.run_done(event.key)
             elif isinstance(event, RunFailed):
                 outcome.failed[event.key] = event.message

@@ -12,7 +12,8 @@ starts, one per finished or failed run, and one every ``interval`` seconds in be
     sweep: 8 runs, 2 already done, 6 to run on 2 local processes
     sweep: 3/8 runs done, ~2m10s left
     sweep: run aggregator=krum:f=1, attack=alie failed: ...
-    sweep: 8/8 runs done in 4m02s
+    sweep: run optimizer.lr=10 diverged at round 12
+    sweep: 8/8 runs done (1 diverged) in 4m02s
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class SweepProgress:
         self.total_runs = 0
         self.finished = 0
         self.failed = 0
+        self.diverged = 0
         self.started = clock()
         self.last_line = self.started
         self._bar: Any = None
@@ -128,6 +130,12 @@ class SweepProgress:
         self._print(f"{self.label}: run {label} failed: {message}")
         self._refresh()
 
+    def run_diverged(self, key: str, label: str, round_: int) -> None:
+        """A run that ended early because its models stopped being finite (it still counts
+        as finished: its records up to then are kept); call before :meth:`run_done`."""
+        self.diverged += 1
+        self._print(f"{self.label}: run {label} diverged at round {round_}")
+
     def tick(self) -> None:
         if self.live:
             self._refresh()
@@ -141,8 +149,10 @@ class SweepProgress:
             self._bar = None
         elapsed = format_duration(self.clock() - self.started)
         failed = f", {self.failed} failed" if self.failed else ""
+        diverged = f" ({self.diverged} diverged)" if self.diverged else ""
         self._print(
-            f"{self.label}: {self.finished}/{self.total_runs} runs done{failed} in {elapsed}"
+            f"{self.label}: {self.finished}/{self.total_runs} runs done{diverged}{failed} "
+            f"in {elapsed}"
         )
 
     def done_units(self) -> int:

@@ -145,7 +145,9 @@ def test_cuda_without_cuda_is_a_clear_error() -> None:
 def test_config_names_the_device_field() -> None:
     assert ExperimentConfig().device == "cpu"
     for bad in ("gpu", "cuda:one", 1, None):
-        with pytest.raises(ConfigError, match=r"^device: must be auto, cpu, cuda or cuda:INDEX"):
+        with pytest.raises(
+            ConfigError, match=r"^device: got .*; allowed: auto, cpu, cuda, cuda:INDEX"
+        ):
             ExperimentConfig(device=bad)  # type: ignore[arg-type]
     assert experiment_from_dict({"device": "auto"}).device == "auto"
     with pytest.raises(ConfigError, match=r"^device: "):
@@ -197,7 +199,7 @@ def test_cli_device_flag_and_errors_exit_2(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     for flag, message in (
         ("cuda", "device: device 'cuda': CUDA is not available"),
-        ("tpu", "device: must be auto, cpu, cuda or cuda:INDEX; got 'tpu'"),
+        ("tpu", "device: got 'tpu'; allowed: auto, cpu, cuda, cuda:INDEX"),
     ):
         result = gossipnet("--device", flag)
         assert result.returncode == 2, result.stderr
@@ -205,7 +207,10 @@ def test_cli_device_flag_and_errors_exit_2(tmp_path: Path) -> None:
         assert "Traceback" not in result.stderr
     path.write_text(path.read_text().replace('device = "cpu"', 'device = "gpu"'))
     result = gossipnet()
-    assert result.returncode == 2 and "device: must be" in result.stderr
+    assert (
+        result.returncode == 2
+        and "device: got 'gpu'; allowed: auto, cpu, cuda, cuda:INDEX" in result.stderr
+    )
 
 
 @needs_cuda

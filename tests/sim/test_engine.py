@@ -141,7 +141,7 @@ def test_bad_optimizer_arguments_name_the_field() -> None:
     params = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="lr:"):
         build_optimizer(params, lr=0)
-    with pytest.raises(ValueError, match="optimizer: must be one of"):
+    with pytest.raises(ValueError, match=r"optimizer: got .*; allowed: sgd, adam"):
         build_optimizer(params, "lbfgs")
     with pytest.raises(ValueError, match="momentum:"):
         build_optimizer(params, momentum=1.5)

@@ -114,7 +114,10 @@ def test_an_inline_graph_with_lazy_metropolis_weights_runs_as_written() -> None:
         ({"edges": [[0, 1]], "directed": "yes"}, r"^graph\.directed: must be true or false"),
         ({"edges": [[0, 1]], "nodes": 5}, r"^graph\.nodes: must equal workload\.peers = 6"),
         ({"file": "absent.edges"}, r"^graph\.file: no such edge-list file"),
-        ({"edges": [[0, 1]], "weights": "x"}, r"^graph\.weights: unknown key; allowed keys"),
+        (
+            {"edges": [[0, 1]], "weights": "x"},
+            r"^graph\.weights: unknown key in \[graph\]; allowed: ",
+        ),
     ],
 )
 def test_a_bad_graph_is_refused_naming_its_key(
@@ -228,7 +231,7 @@ def test_label_sets_by_group_and_by_peer_id() -> None:
     [
         ({"label_sets": {"left": "0-4"}}, r"^workload\.label_sets: peers 3, 4, 5 are given no"),
         ({"label_sets": {"left": "0-4", "right": "5-9", "4": "1"}}, r"^workload\.label_sets\.4: peer 4 already takes its labels from workload\.label_sets\.right"),
-        ({"label_sets": {"middle": "0-4"}}, r"^workload\.label_sets\.middle: a key is a group name \(groups: left, right\)"),
+        ({"label_sets": {"middle": "0-4"}}, r"^workload\.label_sets\.middle: got 'middle', neither a group name nor a peer id; allowed: left, right, 0\.\.5"),
         ({"label_sets": {"left": "0-4", "right": "9-5"}}, r"^workload\.label_sets\.right: range '9-5' is empty"),
         ({"label_sets": {"left": "0-4", "right": "5-9"}, "partition": "iid"}, r'^workload\.label_sets: is read by partition = "label-sets"'),
         ({"label_sets": None}, r'^workload\.partition: "label-sets" needs the label sets'),
@@ -277,7 +280,7 @@ def test_byzantine_peers_by_id_by_group_or_at_random() -> None:
         ({"count": 2}, r"^byzantine\.count: give either count .* not both"),
         ({"peers": ["3-9"]}, r"^byzantine\.peers: peer 9 is outside 0\.\.8"),
         ({"peers": "0-8"}, r"^byzantine\.peers: must be < workload\.peers = 9 .*got 9"),
-        ({"peers": None, "groups": ["evil"]}, r"^byzantine\.groups: unknown group 'evil'; groups: none"),
+        ({"peers": None, "groups": ["evil"]}, r"^byzantine\.groups: unknown group 'evil'; allowed: none"),
         ({"peers": None, "groups": "evil"}, r"^byzantine\.groups: must be a list of group names"),
         ({"peers": None, "groups": []}, r"^byzantine\.groups: is empty"),
         ({"peers": ["x"]}, r"^byzantine\.peers: 'x' is not an id"),

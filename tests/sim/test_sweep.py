@@ -133,7 +133,7 @@ def test_short_names_map_to_the_files_fields_and_dotted_paths_pass_through() -> 
         ("aggregator", r"--grid: expected FIELD=VALUE1,VALUE2"),
         ("aggregator=mean,,median", r"--grid: aggregator: empty value"),
         ("aggregator=mean,mean", r"--grid: aggregator: value 'mean' is given twice"),
-        ("aggregatr=mean", r"--grid: unknown field 'aggregatr'; use short names algorithm, "),
+        ("aggregatr=mean", r"--grid: unknown field 'aggregatr'; allowed: algorithm, "),
         ("optimizer..lr=1", r"--grid: 'optimizer..lr' is not a field name"),
     ],
 )
