@@ -112,7 +112,10 @@ class BatchedPeers:
             raise TypeError(f"model: expected an nn.Module or a factory, got {type(model)}")
         self.n = n
         self.template = template
-        check_batchable(template)  # static checks: BatchNorm running stats, random layers
+        # static checks (BatchNorm running statistics...); random layers such as dropout draw
+        # a different mask for every peer (vmap's randomness='different', from torch's global
+        # generator, which the run seeds), and are off when models are evaluated
+        check_batchable(template, randomness="different")
         self.layout = ParameterLayout.from_module(template)
         if self.layout.numel == 0:
             raise ValueError("model: has no parameters to train (numel 0)")
@@ -136,7 +139,9 @@ class BatchedPeers:
         # vmap(grad) rather than vmap(forward) + one backward of the summed losses: the latter
         # returns every weight gradient transposed ([out, in] with strides of [in, out]), and
         # flattening those costs more than it saves (measured for mlp-100k).
-        self._grad_fn = vmap(grad_and_value(self._loss_of_views), in_dims=(0, 0, 0))
+        self._grad_fn = vmap(
+            grad_and_value(self._loss_of_views), in_dims=(0, 0, 0), randomness="different"
+        )
         self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
         self.chain: LinearChain | None = None
@@ -261,7 +266,12 @@ class BatchedPeers:
         """Outputs ``[m, N, C]`` of models ``params [m, d]`` on one shared input ``x [N, ...]``."""
         flat = self.params if params is None else params
         views = self.layout.unflatten(flat)
-        return self._batchable_guard(self._forward_shared, views, x)
+        training = self.template.training
+        self.template.eval()  # dropout off, as a trained model is used
+        try:
+            return self._batchable_guard(self._forward_shared, views, x)
+        finally:
+            self.template.train(training)
 
     @torch.no_grad()
     def evaluate(

@@ -107,6 +107,33 @@ def test_batchnorm_in_training_mode_is_refused_up_front() -> None:
         BatchedPeers(model, 2)
 
 
+def dropout_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3))
+
+
+def test_dropout_draws_a_mask_per_peer_in_training_and_none_in_evaluation() -> None:
+    n = 4
+    x, y = data(1, 16, seed=0)
+    xs, ys = x.expand(n, -1, -1), y.expand(n, -1)
+    torch.manual_seed(0)
+    peers = BatchedPeers(dropout_mlp, n, seed=5)  # init "same": every row is one model
+    losses, grads = peers.gradients(xs, ys)
+    # same weights, same batch: only the dropout masks differ between the peers' gradients
+    assert not torch.allclose(grads[0], grads[1])
+    assert len(set(losses.tolist())) > 1
+    # evaluation has dropout off: every peer's outputs equal the module's in eval mode
+    reference = dropout_mlp().eval()
+    expected = torch.func.functional_call(reference, peers.layout.unflatten(peers.params[0]), x[0])
+    logits = peers.logits(x[0])
+    for row in range(n):
+        assert torch.allclose(logits[row], expected, atol=1e-6)
+    assert peers.template.training  # back in training mode for the next gradients
+    # the same seed draws the same masks
+    torch.manual_seed(0)
+    again = BatchedPeers(dropout_mlp, n, seed=5)
+    assert torch.equal(again.gradients(xs, ys)[1], grads)
+
+
 class DataDependent(nn.Module):
     """Python control flow on a tensor's value: fine eagerly, impossible under vmap."""
 
