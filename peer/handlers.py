@@ -92,7 +92,7 @@ class ServerHandlers(PairwiseExchange, SyncRound):
             "loss": None if math.isnan(self.loss) else self.loss,
             "parameters": self.spec.numel,
             "dtype": str(self.spec.dtype).removeprefix("torch."),
-            "codec": self.codec.name,
+            "compressor": self.codec.name,
             "aggregator": self.config.aggregator,
             "algorithm": self.config.algorithm,
             "local_steps": self.config.local_steps,

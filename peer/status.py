@@ -102,7 +102,7 @@ def render(status: dict[str, Any]) -> str:
         f"step {status.get('step')}  round {status.get('round')}  "
         f"loss {'-' if loss is None else f'{loss:.4f}'}",
         f"model {status.get('parameters')} parameters ({status.get('dtype')}), "
-        f"compressor {status.get('compressor', status.get('codec'))}, "
+        f"compressor {status.get('compressor')}, "
         f"aggregator {status.get('aggregator')}",
         f"traffic {human_bytes(float(status.get('bytes_in', 0)))} in, "
         f"{human_bytes(float(status.get('bytes_out', 0)))} out; "
