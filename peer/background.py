@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import torch
 
 from peer.config import PeerConfig, resolve_device
+from peer.model_lock import ModelLock
 from peer.node import Peer
 from peer.trainer import Evaluation, LossFunction
 
@@ -386,7 +387,7 @@ class BackgroundPeer:
         return self.peer.config.mode == "sync"
 
     @property
-    def lock(self) -> threading.Lock:
+    def lock(self) -> ModelLock:
         """The model lock every step and every mix takes: hold it to read a model that no
         exchange moves meanwhile (never while calling ``optimizer.step()``)."""
         return self.peer.lock

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import torch
@@ -29,7 +29,9 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from peer.auth import TAG_BYTES
 from peer.errors import MalformedBody, Unauthorized
+from peer.growing import GrowingBuffer
 from peer.msgpack_stream import Segment, StreamReader, arena_bytes, segments, segments_length
+from peer.receive import BodySource
 
 MSGPACK = "application/msgpack"
 CHUNK_BYTES = 1 << 20
@@ -37,7 +39,7 @@ CHUNK_BYTES = 1 << 20
 loop copies or MACs at once, and what the transport buffers beyond the socket's."""
 
 
-def _slices(piece: Segment) -> Iterator[Segment]:
+def _slices(piece: bytes | memoryview) -> Iterator[bytes | memoryview]:
     size = piece.nbytes if isinstance(piece, memoryview) else len(piece)
     if size <= CHUNK_BYTES:
         yield piece
@@ -47,32 +49,64 @@ def _slices(piece: Segment) -> Iterator[Segment]:
         yield view[start : start + CHUNK_BYTES]
 
 
+async def _ready_slices(piece: Segment) -> AsyncIterator[bytes | memoryview]:
+    """``piece`` in slices of at most :data:`CHUNK_BYTES`, each once it is written (a
+    :class:`~peer.growing.GrowingBuffer` is sent as its worker fills it)."""
+    if not isinstance(piece, GrowingBuffer):
+        for part in _slices(piece):
+            yield part
+        return
+    start = 0
+    while start < piece.nbytes:
+        await piece.ready(start + 1)  # whatever is written beyond start, up to a slice
+        end = min(piece.written, start + CHUNK_BYTES)
+        yield piece.view[start:end]
+        start = end
+
+
 class EnvelopeBody(Payload):
     """A msgpack object streamed as its :func:`segments`, optionally followed by a tag.
 
     ``tag_key``: the 32-byte one-time Poly1305 key (``peer.auth.body_key``); the body then
     ends with the tag of everything before it. The pieces are views of the sender's memory:
     it must not change them until the body is written (the peer's send buffers are its own).
+    A piece that is a :class:`~peer.growing.GrowingBuffer` is sent slice by slice as its
+    worker writes it; if the worker fails, :meth:`write` raises
+    :class:`~peer.growing.ProducerFailed` before the body is complete (the reader then
+    applies nothing). :meth:`settled` waits for such workers, whatever became of the body.
     """
 
     def __init__(self, obj: Any, *, tag_key: bytes | None = None) -> None:
         self.pieces = segments(obj)
         self.tag_key = tag_key
+        self._growing = [p for p in self.pieces if isinstance(p, GrowingBuffer)]
         super().__init__(self.pieces, content_type=MSGPACK)
         self._size = segments_length(self.pieces) + (TAG_BYTES if tag_key is not None else 0)
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         raise TypeError("an envelope body is binary msgpack")
 
+    async def written_pieces(self) -> list[bytes | memoryview]:
+        """The pieces, once every growing one is written whole (digest signing, tests)."""
+        out: list[bytes | memoryview] = []
+        for piece in self.pieces:
+            if isinstance(piece, GrowingBuffer):
+                await piece.ready(piece.nbytes)
+                out.append(piece.view)
+            else:
+                out.append(piece)
+        return out
+
     async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
         """The whole body joined (tests and digest signing; the wire path streams instead)."""
-        data = b"".join(bytes(p) if isinstance(p, memoryview) else p for p in self.pieces)
+        pieces = await self.written_pieces()
+        data = b"".join(bytes(p) if isinstance(p, memoryview) else p for p in pieces)
         return data + (poly1305_tag(self.tag_key, data) if self.tag_key is not None else b"")
 
     async def write(self, writer: AbstractStreamWriter) -> None:
         mac = Poly1305(self.tag_key) if self.tag_key is not None else None
         for piece in self.pieces:
-            for part in _slices(piece):
+            async for part in _ready_slices(piece):
                 if mac is not None:
                     mac.update(part)
                 await writer.write(part)
@@ -81,6 +115,20 @@ class EnvelopeBody(Payload):
         # written: let go of the sender's memory now (the HTTP layer may keep this object
         # until the next request on the connection, and with it a model-sized buffer)
         self.pieces = []
+        self._value = None
+
+    async def settled(self) -> None:
+        """Wait for the workers of growing pieces to return (see :meth:`write`)."""
+        for piece in self._growing:
+            await piece.settled()
+
+    def release(self) -> None:
+        """Drop every reference to the sender's memory (the body is done with); growing
+        pieces are released to their owners (:meth:`~peer.growing.GrowingBuffer.release`)."""
+        for piece in self._growing:
+            piece.release()
+        self.pieces = []
+        self._growing = []
         self._value = None
 
     async def write_with_length(
@@ -120,7 +168,7 @@ class _BodyCheck:
 
 
 async def read_envelope_object(
-    stream: HttpStream,
+    stream: HttpStream | BodySource,
     *,
     length: int | None,
     cap: int,
@@ -130,16 +178,17 @@ async def read_envelope_object(
 ) -> tuple[Any, str | None]:
     """Read one msgpack body from an aiohttp stream: ``(object, sha256 hex or None)``.
 
-    Large bins of the object are read-only views of ``arena`` (allocated when ``None``).
+    ``stream`` is aiohttp's body stream, or a :class:`peer.receive.BodySource` (a
+    :class:`~peer.receive.DirectBody` reads large bins straight from the socket). Large bins
+    of the object are read-only views of ``arena`` (allocated when ``None``).
     With ``tag_key`` the body must end with the Poly1305 tag of the rest (else
     :class:`~peer.errors.Unauthorized`); with ``digest`` its SHA-256 is returned for the
     caller to check against a digest signature. Any other trailing byte is
     :class:`~peer.errors.MalformedBody`.
     """
     check = _BodyCheck(tag_key=tag_key, digest=digest, length=length)
-    reader = StreamReader(
-        stream.readany, length=length, cap=cap, arena=arena, on_bytes=check.update
-    )
+    source = stream if isinstance(stream, BodySource) else stream.readany
+    reader = StreamReader(source, length=length, cap=cap, arena=arena, on_bytes=check.update)
     obj = await reader.read_object()
     trailer = await reader.read_rest(TAG_BYTES if tag_key is not None else 0)
     if length is not None and reader.consumed != length:

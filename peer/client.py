@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
 import ssl
 from collections.abc import Callable, Collection
@@ -42,6 +43,7 @@ from peer.auth import (
 from peer.body import MSGPACK, EnvelopeBody, read_envelope_object
 from peer.errors import BodyTooLarge, MalformedBody, ProtocolError, Unauthorized, UnknownPeer
 from peer.membership import MAX_VIEW_ENTRIES
+from peer.receive import can_take_over, take_over
 from peer.strict_json import expect_object, loads
 from peer.wire import Envelope, check_envelope, check_sender, check_version, envelope_object
 
@@ -305,6 +307,7 @@ class PeerClient:
         url = f"{self.scheme}://{address}{path}"
         obj: Any = None
         data = b""
+        started = asyncio.get_running_loop().time()
         try:
             async with self._get_session().request(
                 method,
@@ -323,25 +326,69 @@ class PeerClient:
                         body_key(secret, nonce, "response", status) if secret is not None else None
                     )
                     try:
-                        obj, _ = await read_envelope_object(
-                            response.content,
-                            length=response.content_length,
-                            cap=self.max_body_bytes,
-                            arena=arena,
-                            tag_key=response_key,
-                        )
+                        obj = await self._read_answer(response, arena, response_key, started)
                     except Unauthorized as error:
                         raise Unauthorized(
                             f"response signature missing or wrong: {error.detail}"
                         ) from None
         except _NETWORK_ERRORS as error:
             raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
+        finally:
+            if body is not None:
+                await body.settled()  # a worker still filling the request (its snapshot)
+                body.release()
         if self.on_bytes is not None:
             self.on_bytes("out", length)
             self.on_bytes("in", received)
         if status >= 300:
             _raise_refusal(address, status, data)
         return obj
+
+    async def _read_answer(
+        self,
+        response: aiohttp.ClientResponse,
+        arena: torch.Tensor | None,
+        tag_key: bytes | None,
+        started: float,
+    ) -> Any:
+        """An envelope answer, parsed and authenticated as it arrives. A model-sized one is
+        read straight into ``arena`` (``peer.receive``), under what is left of the call's
+        total timeout (its connection gets a fresh parser, in step with it again); a
+        smaller one through aiohttp's stream."""
+        length = response.content_length
+        connection = response.connection
+        protocol = connection.protocol if connection is not None else None
+        direct = None
+        if length is not None and protocol is not None and can_take_over(response.headers, length):
+            direct = take_over(protocol.transport, protocol, response.content, length=length)
+        if direct is None:
+            obj, _ = await read_envelope_object(
+                response.content,
+                length=length,
+                cap=self.max_body_bytes,
+                arena=arena,
+                tag_key=tag_key,
+            )
+            return obj
+        read_whole = False
+        try:
+            deadline = started + (self.timeout.total or math.inf)
+            async with asyncio.timeout_at(deadline if math.isfinite(deadline) else None):
+                obj, _ = await read_envelope_object(
+                    direct, length=length, cap=self.max_body_bytes, arena=arena, tag_key=tag_key
+                )
+            read_whole = True
+            return obj
+        finally:
+            if read_whole and protocol is not None:
+                # a fresh parser in step with the connection (the next request makes its
+                # own anyway): the connection can go back to the pool
+                protocol.set_response_params()
+                direct.finish(response.content, keep_alive=True)
+            else:
+                if protocol is not None:
+                    protocol.force_close()
+                direct.abandon()
 
 
 def _from(envelope: Envelope, address: str, receiver: str | None) -> Envelope:

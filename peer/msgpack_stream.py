@@ -25,6 +25,8 @@ import msgpack
 import torch
 
 from peer.errors import BodyTooLarge, MalformedBody
+from peer.growing import GrowingBuffer
+from peer.receive import BodySource, ChunkSource
 
 SPLICE_BYTES = 1 << 16
 """A ``bin`` at least this large travels as a view (sending) and lands in the arena (receiving)."""
@@ -35,7 +37,9 @@ MAX_CONTAINER_ITEMS = 1 << 20
 ALIGN = 64
 """Arena offsets of large bins are multiples of this (any tensor dtype may view them)."""
 
-Segment = bytes | memoryview
+Segment = bytes | memoryview | GrowingBuffer
+"""A piece of a body: packed bytes, a view of the sender's memory, or a view a worker is
+still writing (:class:`peer.growing.GrowingBuffer`, sent as its bytes become ready)."""
 
 
 def _bin_header(length: int) -> bytes:
@@ -74,8 +78,9 @@ def segments(obj: Any, *, splice_bytes: int = SPLICE_BYTES) -> list[Segment]:
 
     Maps, lists and tuples are walked; a ``bytes``, ``bytearray`` or ``memoryview`` of at
     least ``splice_bytes`` bytes becomes its own piece (a view, not a copy: keep it unchanged
-    until the pieces are written); everything else is packed by msgpack. Adjacent small
-    pieces are merged.
+    until the pieces are written), and so does a :class:`~peer.growing.GrowingBuffer` of any
+    size (a ``bin`` of its final size; its bytes are joined only once written); everything
+    else is packed by msgpack. Adjacent small pieces are merged.
     """
     out: list[Segment] = []
     small = bytearray()
@@ -98,6 +103,11 @@ def _walk(value: Any, out: list[Segment], small: bytearray, splice_bytes: int) -
         small += _array_header(len(value))
         for item in value:
             _walk(item, out, small, splice_bytes)
+    elif isinstance(value, GrowingBuffer):
+        small += _bin_header(value.nbytes)
+        out.append(bytes(small))
+        small.clear()
+        out.append(value)
     elif isinstance(value, bytes | bytearray | memoryview):
         view = _byte_view(value)
         if view.nbytes >= splice_bytes:
@@ -114,7 +124,7 @@ def _walk(value: Any, out: list[Segment], small: bytearray, splice_bytes: int) -
 
 def segments_length(pieces: list[Segment]) -> int:
     """Total bytes of ``pieces``."""
-    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in pieces)
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
 
 
 Source = Callable[[], Awaitable[bytes]]
@@ -125,7 +135,9 @@ class StreamReader:
     """Reads one msgpack object from ``source`` into a window and an arena.
 
     Args:
-        source: returns the next body chunk, ``b""`` at the end (aiohttp's ``readany``).
+        source: returns the next body chunk, ``b""`` at the end (aiohttp's ``readany``), or
+            a :class:`peer.receive.BodySource`, which a large bin's slot is handed to so its
+            bytes land there straight from the socket (:class:`peer.receive.DirectBody`).
         length: the body's length if known (Content-Length), else ``None``; reading past it
             or the ``cap`` is refused.
         cap: the most bytes this body may have (the model-derived cap).
@@ -138,7 +150,7 @@ class StreamReader:
 
     def __init__(
         self,
-        source: Source,
+        source: Source | BodySource,
         *,
         length: int | None,
         cap: int,
@@ -147,7 +159,7 @@ class StreamReader:
     ) -> None:
         if length is not None and length > cap:
             raise BodyTooLarge(f"body has {length} bytes, the cap is {cap}")
-        self._source = source
+        self._source: BodySource = source if isinstance(source, BodySource) else ChunkSource(source)
         self.length = length
         self.cap = cap
         self._window = bytearray()
@@ -166,20 +178,11 @@ class StreamReader:
         """Append the next chunk to the window; False at the end of the body."""
         if self._ended:
             return False
-        chunk = await self._source()
+        chunk = await self._source.read()
         if not chunk:
             self._ended = True
             return False
-        self._received += len(chunk)
-        limit = self.cap if self.length is None else self.length
-        if self._received > limit:
-            raise (
-                BodyTooLarge(f"body exceeds the cap of {self.cap} bytes")
-                if self.length is None
-                else MalformedBody(f"body is longer than its Content-Length {self.length}")
-            )
-        if self._on_bytes is not None:
-            self._on_bytes(memoryview(chunk))
+        self._landed(memoryview(chunk))
         if self._pos:
             del self._window[: self._pos]
             self._pos = 0
@@ -217,8 +220,23 @@ class StreamReader:
         self._arena_used = start + n
         return self._arena_view[start : start + n]
 
+    def _landed(self, chunk: memoryview) -> None:
+        """Count body bytes as they arrive (refusing more than the length or the cap) and
+        hand them to ``on_bytes``."""
+        self._received += len(chunk)
+        limit = self.cap if self.length is None else self.length
+        if self._received > limit:
+            raise (
+                BodyTooLarge(f"body exceeds the cap of {self.cap} bytes")
+                if self.length is None
+                else MalformedBody(f"body is longer than its Content-Length {self.length}")
+            )
+        if self._on_bytes is not None:
+            self._on_bytes(chunk)
+
     async def _big_bin(self, n: int) -> memoryview:
-        """Read ``n`` bytes into the arena: what the window holds, then straight from the source."""
+        """Read ``n`` bytes into the arena: what the window holds, then straight from the
+        source into the arena's slot (:meth:`peer.receive.BodySource.read_into`)."""
         limit = self.cap if self.length is None else self.length
         if self.consumed + n > limit:
             raise MalformedBody(f"a bin of {n} bytes runs past the body's end ({limit} bytes)")
@@ -226,24 +244,14 @@ class StreamReader:
         have = min(n, len(self._window) - self._pos)
         slot[:have] = memoryview(self._window)[self._pos : self._pos + have]
         self._pos += have
+        if self._pos:
+            del self._window[: self._pos]
+            self._pos = 0
         filled = have
-        while filled < n:
-            if self._pos:
-                del self._window[: self._pos]
-                self._pos = 0
-            chunk = await self._source()
-            if not chunk:
-                raise MalformedBody(f"body ended inside a bin ({filled} of {n} bytes)")
-            self._received += len(chunk)
-            if self._received > limit:
-                raise MalformedBody(f"body is longer than its declared length {limit}")
-            if self._on_bytes is not None:
-                self._on_bytes(memoryview(chunk))
-            take = min(n - filled, len(chunk))
-            slot[filled : filled + take] = chunk[:take] if take < len(chunk) else chunk
-            filled += take
-            if take < len(chunk):
-                self._window += memoryview(chunk)[take:]
+        if filled < n:
+            filled += await self._source.read_into(slot[filled:], self._landed)
+        if filled < n:
+            raise MalformedBody(f"body ended inside a bin ({filled} of {n} bytes)")
         self.consumed += n
         return slot.toreadonly()
 

@@ -21,11 +21,14 @@ import time
 
 import torch
 
+from consensus import WeightedMean
 from gossip.pairwise import PairwiseGossip
 from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
+from peer.codecs import CompressorCodec
 from peer.core import PeerCore
 from peer.errors import ALIVE_REFUSALS, Busy, ProtocolError
+from peer.growing import GrowingBuffer, fill_in_thread
 from peer.membership import Member
 from peer.threads import in_thread
 from peer.wire import Envelope
@@ -45,6 +48,9 @@ class PairwiseExchange(PeerCore):
         self._in_flight = set()
         self._send_buffer = None
         self._answer_arenas = ArenaPool(1, pin=self.pin_buffers)
+        self._result_buffers = ArenaPool(1, pin=self.pin_buffers)
+        self._snapshot_taken = -2
+        """The model lock's count at our last snapshot (``_add_locked``)."""
 
     async def _gossip_async(self) -> int:
         neighbours = self._neighbours()
@@ -53,6 +59,26 @@ class PairwiseExchange(PeerCore):
         for member in chosen:
             done += await self._pairwise(member)
         return done
+
+    # ------------------------------------------------------------------ streaming
+
+    def _streams_dense(self) -> bool:
+        """Whether this peer's messages stream as its model's raw bytes (codec ``none``,
+        no error feedback) from a CPU model: then a snapshot and an answer can be sent
+        while a worker thread still writes them (``peer.growing``)."""
+        codec = self.codec
+        return (
+            isinstance(codec, CompressorCodec)
+            and codec.compressor.spec == "none"
+            and self.flat.vector.device.type == "cpu"
+        )
+
+    def _send_buffer_for(self) -> torch.Tensor:
+        if self._send_buffer is None:
+            self._send_buffer = torch.empty_like(
+                self.flat.vector, device="cpu", pin_memory=self.pin_buffers
+            )
+        return self._send_buffer
 
     # ------------------------------------------------------------------ caller
 
@@ -63,28 +89,54 @@ class PairwiseExchange(PeerCore):
         into memory already mapped is several times faster than a fresh clone.
         """
         with self.lock:
-            if self._send_buffer is None:
-                self._send_buffer = torch.empty_like(
-                    self.flat.vector, device="cpu", pin_memory=self.pin_buffers
-                )
-            self._send_buffer.copy_(self.flat.vector)
-            return self._send_buffer
+            buffer = self._send_buffer_for()
+            buffer.copy_(self.flat.vector)
+            self._snapshot_taken = self.lock.acquisitions
+            return buffer
+
+    def _snapshot_in_chunks(self, buffer: torch.Tensor, growing: GrowingBuffer) -> None:
+        """:meth:`_snapshot_into_buffer` in chunks of :data:`STREAM_CHUNK_BYTES`, each
+        published as it is copied (the request streams behind the copy). The whole copy
+        runs under the model lock, so the snapshot is atomic as before."""
+        own = self.flat.vector
+        step = _chunk_elements(own)
+        itemsize = own.element_size()
+        with self.lock:
+            for start in range(0, own.numel(), step):
+                end = min(own.numel(), start + step)
+                buffer[start:end].copy_(own[start:end])
+                growing.advance(end * itemsize)
+            self._snapshot_taken = self.lock.acquisitions
+
+    async def _outgoing(self) -> tuple[Envelope, torch.Tensor, GrowingBuffer | None]:
+        """Our request: ``(envelope, the snapshot it sends, the snapshot's growing buffer
+        when it streams while being copied)``."""
+        if not self._streams_dense():
+            sent = await in_thread(self._snapshot_into_buffer)
+            return await in_thread(self._envelope, sent), sent, None
+        sent = self._send_buffer_for()
+        payload = self.codec.encode(sent)
+        growing = GrowingBuffer(payload["data"], asyncio.get_running_loop())
+        payload["data"] = growing
+        fill_in_thread(growing, self._snapshot_in_chunks, sent, growing)
+        return self._envelope_of(payload), sent, growing
 
     async def _pairwise(self, member: Member) -> bool:
         assert member.address is not None
         self._in_flight.add(member.id)
+        growing = None
         try:
-            sent = await in_thread(self._snapshot_into_buffer)
             started = time.perf_counter()
             arena = self._answer_arenas.take(self.max_body_bytes)
             try:
-                envelope = await in_thread(self._envelope, sent)
+                envelope, sent, growing = await self._outgoing()
                 # signed for member.id, and answered by it (else UnknownPeer)
                 reply = await self._client().exchange(
                     member.address, envelope, receiver=member.id, codecs=self.codecs, arena=arena
                 )
-                codec = self.codecs[reply.codec]
-                averaged = await in_thread(codec.decode, reply.payload, self.spec)
+                if growing is not None:
+                    await growing.ready(growing.nbytes)  # the snapshot is whole
+                await in_thread(self._mix_answer, reply, sent)
             except RemoteRefused as error:
                 if error.code in ALIVE_REFUSALS:  # full (e.g. averaging with us as the callee)
                     self.metrics.exchanges(role="caller", outcome="busy").inc()
@@ -98,8 +150,9 @@ class PairwiseExchange(PeerCore):
                 self.health.record(failed=1)
                 self._failed(member, error)
                 return False
-            await asyncio.to_thread(self._add_locked, averaged, sent)
         finally:
+            if growing is not None:
+                await growing.settled()  # the snapshot's worker is done with the buffer
             self._in_flight.discard(member.id)
             self._answer_arenas.give(arena)  # nothing views it any more
         self.membership.record_success(member.id)
@@ -108,11 +161,21 @@ class PairwiseExchange(PeerCore):
         self.metrics.exchange_seconds.observe(time.perf_counter() - started)
         return True
 
+    def _mix_answer(self, reply: Envelope, sent: torch.Tensor) -> None:
+        """Decode the neighbour's answer (validated: a typed error refuses it) and apply
+        the caller's half (:meth:`_add_locked`), in one worker thread."""
+        averaged = self.codecs[reply.codec].decode(reply.payload, self.spec)
+        self._add_locked(averaged, sent)
+
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
         """The caller's half, ``gossip.PairwiseGossip.caller_update``: x <- x + (answer - sent),
-        adopting the pair's average and keeping progress made meanwhile."""
+        adopting the pair's average and keeping progress made meanwhile. When nobody took
+        the model lock since the snapshot (``peer.model_lock``), the model still is the
+        snapshot, and the rule is told so (``sent = own``: no comparison pass)."""
         with self.lock:
-            PairwiseGossip.caller_update(self.flat.vector, sent, averaged)
+            own = self.flat.vector
+            untouched = self.lock.acquisitions == self._snapshot_taken + 1
+            PairwiseGossip.caller_update(own, own if untouched else sent, averaged)
 
     # ------------------------------------------------------------------ callee
 
@@ -123,6 +186,8 @@ class PairwiseExchange(PeerCore):
             # then added (average - sent) as caller, the pair would swap models; the
             # smaller id declines, so the pair averages exactly once.
             raise Busy(f"{self.peer_id} is exchanging with {envelope.sender} as the caller")
+        if self._streams_average(vector):
+            return self._streamed_answer(vector)
         averaged = await in_thread(self._average_locked, vector.to(self.spec.dtype))
         self.health.record(ok=1)  # averaged as the callee: this peer is not alone
         return await in_thread(self._envelope, averaged)
@@ -132,3 +197,78 @@ class PairwiseExchange(PeerCore):
         ``average_pair(own, other, aggregator)`` atomically and return it (the answer)."""
         with self.lock:
             return self.pairwise_rule.callee_answer(self.flat.vector, other)
+
+    def _streams_average(self, other: torch.Tensor) -> bool:
+        """Whether the answer can stream while it is averaged: the rule is the plain mean
+        (elementwise, so a chunk of the average is the average of the chunks), the answer
+        is dense (:meth:`_streams_dense`), and the caller's vector is the model's dtype and
+        shape, in CPU memory."""
+        own = self.flat.vector
+        return (
+            type(self.pairwise_rule.aggregator) is WeightedMean
+            and self._streams_dense()
+            and other.device.type == "cpu"
+            and other.dtype == own.dtype
+            and other.shape == own.shape
+            and other.is_contiguous()
+        )
+
+    def _streamed_answer(self, other: torch.Tensor) -> Envelope:
+        """The answer as a :class:`~peer.growing.GrowingBuffer` that a worker fills with the
+        pair's average chunk by chunk (:meth:`_average_in_chunks`) while the server sends
+        what is ready. The result buffer is reused once the answer is written."""
+        own = self.flat.vector
+        raw = self._result_buffers.take(own.numel() * own.element_size())
+        result = raw[: own.numel() * own.element_size()].view(own.dtype)
+        payload = self.codec.encode(result)
+        growing = GrowingBuffer(payload["data"], asyncio.get_running_loop())
+        payload["data"] = growing
+        growing.when_released(lambda: self._result_buffers.give(raw))
+        task = fill_in_thread(growing, self._average_in_chunks, other, result, growing)
+        task.add_done_callback(self._answered)
+        return self._envelope_of(payload)
+
+    def _answered(self, task: asyncio.Future[object]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.health.record(ok=1)  # averaged as the callee: this peer is not alone
+
+    def _average_in_chunks(
+        self, other: torch.Tensor, result: torch.Tensor, growing: GrowingBuffer
+    ) -> None:
+        """The callee's half, ``gossip.PairwiseGossip.callee_answer``, chunk by chunk:
+        ``result = average_pair(own, other)`` (the mean rule with weight 1/2, into
+        ``result``, each chunk published as it is computed), then ``own <- result``, all
+        under the model lock (atomic, as the whole-vector rule). The last chunk is
+        published once ``own`` is committed, so a complete answer means an adopted average;
+        a failure (a non-finite own vector) leaves the model untouched and the answer
+        incomplete. The server holds the exchange's slot until this returns."""
+        own = self.flat.vector
+        step = _chunk_elements(own)
+        itemsize = own.element_size()
+        numel = own.numel()
+        rule = self.pairwise_rule.aggregator
+        if not isinstance(rule, WeightedMean):
+            raise TypeError(f"only the mean rule averages in chunks, not {rule!r}")
+        half = own.new_full((1,), _HALF)
+        with self.lock, torch.no_grad():
+            for start in range(0, numel, step):
+                end = min(numel, start + step)
+                rule(own[start:end], other[start:end].unsqueeze(0), half, out=result[start:end])
+                # all but the answer's last bytes go out while the rest is computed and
+                # committed; those follow the commit (a complete answer = an adopted one)
+                growing.advance(max(0, min(end, numel - _HELD_BACK)) * itemsize)
+            own.copy_(result)
+        growing.advance(numel * itemsize)
+
+
+STREAM_CHUNK_BYTES = 4 << 20
+"""Bytes of a streamed snapshot or average computed (and published) at a time: large enough
+that the rule's per-call cost is small, small enough that the first bytes go out early."""
+_HELD_BACK = 1024
+"""Elements of a streamed answer published only once the average is committed."""
+_HALF = 0.5
+"""The pair's weight of ``gossip.average_pair``: x_i, x_j <- (x_i + x_j) / 2."""
+
+
+def _chunk_elements(vector: torch.Tensor) -> int:
+    return max(1, STREAM_CHUNK_BYTES // vector.element_size())

@@ -49,7 +49,9 @@ import torch
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.http_parser import HttpRequestParser
 from aiohttp.streams import StreamReader as HttpStream
+from aiohttp.web_protocol import MAX_MSG_QUEUE_SIZE, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
 from peer.admission import (
@@ -87,7 +89,9 @@ from peer.errors import (
     SlowBody,
     Unauthorized,
 )
+from peer.growing import ProducerFailed
 from peer.metrics import PeerMetrics
+from peer.receive import can_take_over, take_over
 from peer.strict_json import expect_object, loads
 from peer.threads import in_thread
 from peer.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_envelope, envelope_object
@@ -173,6 +177,11 @@ class ServerState:
 
 
 SERVER_STATE = web.AppKey("gossipnet_server_state", ServerState)
+DIRECT_READ = web.RequestKey("gossipnet_direct_read", bool)
+"""``request[DIRECT_READ]`` is true while a request's body read straight from its socket
+(``peer.receive``) left aiohttp's parser of the connection out of step: the answer then
+closes the connection (``Connection: close``). A body read whole on a connection served by
+:class:`JsonErrorRequestHandler` renews the parser instead, and the connection stays."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BodyHandler = Callable[[web.Request, bytes], Awaitable[web.Response]]
@@ -258,7 +267,10 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
     def _refused(request: web.Request, error: ProtocolError) -> web.Response:
         service.metrics.errors(code=error.code).inc()
         logger.info("%s %s refused: %s", request.method, request.path, error.detail)
-        return error_response(error)
+        response = error_response(error)
+        if request.get(DIRECT_READ):
+            response.force_close()
+        return response
 
     def _sign(response: web.Response, nonce: str | None) -> web.Response:
         body_out = response.body
@@ -320,20 +332,45 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
     async def _read_envelope(
         request: web.Request, *, arena: torch.Tensor | None, tag_key: bytes | None, digest: bool
     ) -> tuple[Any, str | None]:
+        """The request's envelope, read under the body deadline. A model-sized body is read
+        straight into ``arena`` (``peer.receive``: its connection then closes after the
+        answer, ``request[DIRECT_READ]``); other bodies through aiohttp's stream."""
+        length = request.content_length
+        direct = None
+        if length is not None and can_take_over(request.headers, length):
+            # until the parser is renewed, the connection must close after the answer
+            direct = take_over(request.transport, request.protocol, request.content, length=length)
+            request[DIRECT_READ] = direct is not None
+        read_whole = False
         try:
             async with asyncio.timeout(deadline_s):
-                return await read_envelope_object(
-                    request.content,
-                    length=request.content_length,
+                result = await read_envelope_object(
+                    direct if direct is not None else request.content,
+                    length=length,
                     cap=service.max_body_bytes,
                     arena=arena,
                     tag_key=tag_key,
                     digest=digest,
                 )
+            read_whole = True
+            return result
         except TimeoutError:
             raise SlowBody(f"body not received within {deadline_s:g} s") from None
         except (ConnectionError, web.RequestPayloadError, HttpProcessingError) as error:
             raise MalformedBody(f"body broken off: {error}") from None
+        finally:
+            if direct is not None:
+                # a body read to its last byte and then refused (a wrong tag, trailing
+                # bytes) leaves the connection in step as a good one does
+                if read_whole or (direct.remaining == 0 and not direct.ended):
+                    handler = request.protocol
+                    renewed = isinstance(handler, JsonErrorRequestHandler) and (
+                        handler.renew_parser()
+                    )
+                    direct.finish(request.content, keep_alive=renewed)
+                    request[DIRECT_READ] = not renewed
+                else:
+                    direct.abandon()
 
     def _busy() -> Busy:
         return Busy(f"{slots.in_use} exchanges in progress, the bound is {slots.size}; retry later")
@@ -513,11 +550,23 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         if signing and stream:
             tag_key = body_key(service.secret, nonce, "response", 200)  # type: ignore[arg-type]
         body = EnvelopeBody(envelope_object(reply), tag_key=tag_key)
+        try:
+            return await _write_envelope(request, body, nonce, signing and not stream)
+        finally:
+            await body.settled()  # a worker still filling the answer keeps the slot
+            body.release()  # the answer's memory goes with the slot
+
+    async def _write_envelope(
+        request: web.Request, body: EnvelopeBody, nonce: str | None, digest_signed: bool
+    ) -> web.StreamResponse:
         response = web.StreamResponse(status=200)
         response.content_type = MSGPACK
         response.content_length = body.size
-        if signing and not stream:
-            digest = await asyncio.to_thread(_digest_of, body.pieces)
+        if request.get(DIRECT_READ):
+            response.force_close()
+        if digest_signed:
+            pieces = await body.written_pieces()
+            digest = await asyncio.to_thread(_digest_of, pieces)
             response.headers.update(
                 sign_response_digest(service.secret, 200, nonce, digest)  # type: ignore[arg-type]
             )
@@ -538,8 +587,21 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
             )
             if request.transport is not None:
                 request.transport.abort()
-        finally:
-            body.pieces = []  # the answer's memory goes with the slot
+        except ProducerFailed as error:
+            # the answer's headers are out: the caller gets a cut body, and applies nothing
+            # (our own model non-finite: training diverged; anything else is a bug, whose
+            # traceback --log-level DEBUG shows)
+            cause = error.__cause__
+            logger.error(
+                "%s %s: the answer failed mid-way (%s: %s); connection closed, model unchanged",
+                request.method,
+                request.path,
+                type(cause).__name__,
+                cause,
+            )
+            logger.debug("the answer's failure", exc_info=cause)
+            if request.transport is not None:
+                request.transport.abort()
         return response
 
     @web.middleware
@@ -614,6 +676,37 @@ class JsonErrorRequestHandler(web.RequestHandler):
     ``RequestHandler.handle_error`` with a text body and a logged traceback; here it is
     the protocol's JSON error, logged as one line (a traceback only for a 5xx: a bug).
     """
+
+    def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, **kwargs: Any):
+        super().__init__(manager, loop=loop, **kwargs)
+        self._parser_options = {
+            "max_line_size": kwargs.get("max_line_size", 8190),
+            "max_field_size": kwargs.get("max_field_size", 8190),
+            "max_headers": kwargs.get("max_headers", 128),
+            "auto_decompress": kwargs.get("auto_decompress", True),
+        }
+        self._parser_bufsize = kwargs.get("read_bufsize", 2**16)
+
+    def renew_parser(self) -> bool:
+        """Give the connection a fresh HTTP parser, configured as aiohttp made the first:
+        after a request body was read straight from the socket (``peer.receive``), the old
+        parser still expects those bytes, and would take the next request for them. False
+        (the connection must then be closed) where aiohttp's internals are not as expected."""
+        if getattr(self, "_parser", None) is None or getattr(self, "_upgraded", True):
+            return False
+        try:
+            parser = HttpRequestParser(
+                self,
+                self._loop,
+                self._parser_bufsize,
+                payload_exception=RequestPayloadError,
+                max_msg_queue_size=MAX_MSG_QUEUE_SIZE,
+                **self._parser_options,
+            )
+        except TypeError:
+            return False
+        self._parser = parser
+        return True
 
     def handle_error(
         self,

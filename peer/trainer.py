@@ -27,7 +27,6 @@ buffers (``num_batches_tracked``) always stay local.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypedDict
@@ -35,6 +34,7 @@ from typing import Any, TypedDict
 import torch
 
 from gossip.flat import FlatParameters
+from peer.model_lock import ModelLock
 
 Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -127,7 +127,7 @@ class Trainer:
             raise TypeError("optimizer must be a torch optimizer or a factory params -> optimizer")
         self.loss_fn = loss_fn
         self.train_data = train_data
-        self.lock = threading.Lock()
+        self.lock = ModelLock()
         """Guards the model, gradient and optimizer: hold it while training by hand."""
         self.step = 0
         """Optimizer steps taken (restored from a checkpoint on resume)."""

@@ -58,6 +58,7 @@ from peer.errors import (
     UnknownCodec,
     UnsupportedVersion,
 )
+from peer.growing import GrowingBuffer
 from peer.msgpack_stream import SPLICE_BYTES as SPLICE_BYTES
 from peer.msgpack_stream import segments
 
@@ -238,8 +239,12 @@ def envelope_object(envelope: Envelope) -> dict[str, Any]:
 def pack_envelope(envelope: Envelope) -> bytes:
     """The msgpack body of an envelope, joined (``msgpack.packb`` of :func:`envelope_object`,
     byte for byte, so ``len`` of it is :func:`gossip.compression.envelope_bytes`). The wire
-    path does not join: :class:`peer.body.EnvelopeBody` streams the same bytes."""
-    return b"".join(segments(envelope_object(envelope)))
+    path does not join: :class:`peer.body.EnvelopeBody` streams the same bytes. A payload
+    still being written (:class:`peer.growing.GrowingBuffer`) cannot be packed here."""
+    pieces = segments(envelope_object(envelope))
+    if any(isinstance(piece, GrowingBuffer) for piece in pieces):
+        raise ValueError("envelope: a payload still being written is streamed, not packed")
+    return b"".join(piece for piece in pieces if not isinstance(piece, GrowingBuffer))
 
 
 _ENVELOPE_KEYS = frozenset(ENVELOPE_KEYS)
