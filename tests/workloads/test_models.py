@@ -29,6 +29,8 @@ CASES = [
     ("cnn1d:channels=8", (2, 24)),
     ("cnn2d:channels=8", (1, 12, 12)),
     ("cnn2d:channels=4", (3, 8, 8)),
+    ("he2022-cnn", (40,)),
+    ("he2022-cnn", (1, 10, 10)),
 ]
 
 
@@ -43,7 +45,8 @@ def test_vmap_grad_over_stacked_parameters_equals_per_model_autograd(
     # float64, so that vmap's regrouped convolutions and per-model autograd agree to
     # rounding of the last bits rather than float32's (batched conv sums in another order).
     peers, batch = 3, 5
-    models = [build_model(spec, shape, 10, seed=s).double() for s in range(peers)]
+    # eval mode: dropout off, so both sides differentiate the same function
+    models = [build_model(spec, shape, 10, seed=s).double().eval() for s in range(peers)]
     names = [name for name, _ in models[0].named_parameters()]
     stacked = {
         n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names
@@ -70,7 +73,7 @@ def test_vmap_grad_over_stacked_parameters_equals_per_model_autograd(
 @pytest.mark.parametrize(("spec", "shape"), CASES)
 def test_built_in_models_pass_check_batchable(spec: str, shape: tuple[int, ...]) -> None:
     model = build_model(spec, shape, 10)
-    check_batchable(model, torch.randn(4, *shape))
+    check_batchable(model, torch.randn(4, *shape), randomness="different")  # dropout: a mask each
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
@@ -83,6 +86,8 @@ def test_documented_parameter_counts() -> None:
         ("cnn1d", (40,)): 12_298,
         ("cnn2d", (3, 32, 32)): 30_762,
         ("cnn2d", (1, 28, 28)): 25_386,
+        ("he2022-cnn", (40,)): 155_210,
+        ("he2022-cnn", (1, 28, 28)): 1_199_882,  # the paper's MNIST network
     }
     for (spec, shape), count in expected.items():
         assert parameter_count(build_model(spec, shape, 10)) == count, spec
@@ -106,7 +111,7 @@ def test_build_model_spec_and_keyword_parameters() -> None:
     assert [layer.out_features for layer in linears] == [16, 16, 16, 3]
     with pytest.raises(
         ValueError,
-        match="unknown model 'resnet'; allowed: cnn1d, cnn2d, logistic, mlp, mlp-100k",
+        match="unknown model 'resnet'; allowed: cnn1d, cnn2d, he2022-cnn, logistic, mlp, mlp-100k",
     ):
         build_model("resnet", (4,), 3)
     with pytest.raises(
