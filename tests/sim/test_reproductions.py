@@ -2,7 +2,8 @@
 
 Each test loads an example file as `gossipnet sim run` does and changes only ``rounds`` and
 ``eval_every``: the graph, weights, rules, attack, data and learning rate are the file's. The
-full runs (900 rounds) and their numbers are in docs/simulator.md, "Reproducing papers".
+full runs (900 rounds; 2,100 for trimmed mean under ALIE) and their numbers are in
+docs/simulator.md, "Reproducing papers".
 
 He, Karimireddy & Jaggi 2022, "Byzantine-robust decentralized learning via ClippedGossip":
 
@@ -19,8 +20,9 @@ He, Karimireddy & Jaggi 2022, "Byzantine-robust decentralized learning via Clipp
   logged runs (their honest_majority.py) give: with the honest majority, ALIE collapses trimmed
   mean and geometric median while ClippedGossip (tau = 0.1) keeps learning, and dissensus
   collapses none of them; on the plus-one ring, dissensus collapses trimmed mean while
-  ClippedGossip keeps learning. All of that reproduces here except trimmed mean under ALIE,
-  which falls behind but does not collapse (see the test's docstring for what was checked).
+  ClippedGossip keeps learning. All of that reproduces here; trimmed mean under ALIE needs the
+  paper's CNN (``he2022-cnn``, which its file runs) and collapses later than in the paper (see
+  the test's docstring).
 """
 
 from __future__ import annotations
@@ -131,21 +133,20 @@ def test_fig6_clipped_gossip_keeps_learning_under_alie() -> None:
     assert accuracy[-1] > 0.2, accuracy  # full run: 0.277 at 180, 0.39 at 900
 
 
-def test_fig6_trimmed_mean_falls_behind_but_does_not_collapse_here() -> None:
-    """The paper's trimmed mean collapses under ALIE (the authors' logs: at chance from about
-    iteration 300); on MNIST-1D it does not within 2,700 rounds (docs/simulator.md): it keeps
-    the lowest honest value of every coordinate
-    (:func:`test_fig6_trimmed_mean_keeps_the_lowest_honest_coordinate`), a steady downward
-    drift of the weights that this model absorbs. Checked against the authors' code and found
-    equal: the rule (b = 2 at every honest node, its own model one of the five values, no
-    weights), the attack (mu - 10 sigma over the target's own model and its two honest
-    neighbours', unbiased sigma, one vector from both colluders), the graph and which nodes
-    are Byzantine, the order (local step, then the attack reads those models, then the rule)
-    and the optimizer (heavy-ball momentum 0.9 on the local gradient, lr 0.01). What differs
-    is the data and the model (MNIST-1D and an MLP for MNIST and a CNN). If this starts
-    failing, the rule or the attack changed: measure again and update the docs."""
-    accuracy = _accuracies(_run("he2022-fig6-malicious-ring-trimmed-mean", 180, 90))
-    assert accuracy[-1] > 0.2, accuracy  # full run: 0.265 at 180, 0.319 at 900
+def test_fig6_trimmed_mean_learns_at_first_then_collapses_in_the_full_run() -> None:
+    """The paper's trimmed mean collapses under ALIE (the authors' logs: 83% after the first
+    30 iterations, then at chance, test loss 2.302 = ln 10, from about iteration 330). The file
+    runs the paper's CNN (``he2022-cnn``) on MNIST-1D: it learns to 0.50 (round 660), then
+    falls to 0.17-0.19 from round 1,080 and 0.143 at 2,100, chance being 0.10 (a run with two
+    threads instead of one fell to exactly chance with a loss of ln 10, as in the authors'
+    log, from round 1,800; docs/simulator.md). Why: trimmed mean keeps the lowest honest value of
+    every coordinate (:func:`test_fig6_trimmed_mean_keeps_the_lowest_honest_coordinate`), a
+    steady downward drift of every weight; a layer fed by non-negative activations and a large
+    fan-in turns that drift into ever more negative pre-activations. The MLP the file used
+    before absorbed the drift (0.29-0.33 up to 2,700 rounds). This quick mode can only show
+    the first phase: it learns."""
+    accuracy = _accuracies(_run("he2022-fig6-malicious-ring-trimmed-mean", 60, 60))
+    assert accuracy[-1] > 0.2, accuracy  # full run: 0.261 at 60, 0.502 at 660, 0.143 at 2,100
 
 
 def test_fig6_trimmed_mean_keeps_learning_under_dissensus_with_an_honest_majority() -> None:
