@@ -55,10 +55,12 @@ tensor([[2., 1.],
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from consensus import Aggregator
+from consensus import Aggregator, WeightedMean
 from gossip.algorithms import DecentralizedSGD, _aggregator, _compressor
 from gossip.compression import Compressor, ErrorFeedback
 
@@ -133,6 +135,49 @@ class PairwiseGossip:
             averaged = average_pair(own, received, self.aggregator)
             own.copy_(averaged)
         return averaged
+
+    @property
+    def answers_by_chunk(self) -> bool:
+        """Whether :meth:`callee_answer_by_chunk` may run: the rule is the plain mean, which
+        is elementwise (a chunk of the average is the average of the chunks)."""
+        return type(self.aggregator) is WeightedMean
+
+    def callee_answer_by_chunk(
+        self,
+        own: Tensor,
+        received: Tensor,
+        out: Tensor,
+        *,
+        chunk: int,
+        computed: Callable[[int], None] | None = None,
+    ) -> Tensor:
+        """:meth:`callee_answer` for the plain mean, ``chunk`` elements at a time: the average
+        of each chunk of ``own [d]`` and ``received [d]`` is written into ``out [d]`` and
+        ``computed(end)`` is called (a runner sends what is ready), then ``own <- out`` once
+        every chunk is computed (a failure, such as a non-finite ``own``, leaves ``own``
+        untouched). Equal to :meth:`callee_answer` element for element. Call it under the
+        model's lock. Returns ``out``."""
+        rule = self.aggregator
+        if not (self.answers_by_chunk and isinstance(rule, WeightedMean)):
+            raise ValueError(f"only the mean averages by chunk, not {rule!r}")
+        if not (own.dim() == 1 and own.shape == received.shape == out.shape):
+            raise ValueError(
+                f"own, received and out must be one [d] shape, got {tuple(own.shape)}, "
+                f"{tuple(received.shape)} and {tuple(out.shape)}"
+            )
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        numel = own.numel()
+        with torch.no_grad():
+            received = received.to(device=own.device, dtype=own.dtype)
+            half = own.new_full((1,), _HALF)
+            for start in range(0, numel, chunk):
+                end = min(numel, start + chunk)
+                rule(own[start:end], received[start:end].unsqueeze(0), half, out=out[start:end])
+                if computed is not None:
+                    computed(end)
+            own.copy_(out)
+        return out
 
     @staticmethod
     def caller_update(own: Tensor, sent: Tensor, answer: Tensor) -> Tensor:

@@ -21,7 +21,6 @@ import time
 
 import torch
 
-from consensus import WeightedMean
 from gossip.pairwise import PairwiseGossip
 from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
@@ -205,7 +204,7 @@ class PairwiseExchange(PeerCore):
         shape, in CPU memory."""
         own = self.flat.vector
         return (
-            type(self.pairwise_rule.aggregator) is WeightedMean
+            self.pairwise_rule.answers_by_chunk
             and self._streams_dense()
             and other.device.type == "cpu"
             and other.dtype == own.dtype
@@ -235,29 +234,22 @@ class PairwiseExchange(PeerCore):
     def _average_in_chunks(
         self, other: torch.Tensor, result: torch.Tensor, growing: GrowingBuffer
     ) -> None:
-        """The callee's half, ``gossip.PairwiseGossip.callee_answer``, chunk by chunk:
-        ``result = average_pair(own, other)`` (the mean rule with weight 1/2, into
-        ``result``, each chunk published as it is computed), then ``own <- result``, all
-        under the model lock (atomic, as the whole-vector rule). The last chunk is
-        published once ``own`` is committed, so a complete answer means an adopted average;
-        a failure (a non-finite own vector) leaves the model untouched and the answer
-        incomplete. The server holds the exchange's slot until this returns."""
+        """The callee's half, ``gossip.PairwiseGossip.callee_answer_by_chunk``, under the model
+        lock (atomic, as the whole-vector rule), each chunk of the answer published as it is
+        computed but the last bytes, which follow the commit: a complete answer means an
+        adopted average; a failure (a non-finite own vector) leaves the model untouched and
+        the answer incomplete. The server holds the exchange's slot until this returns."""
         own = self.flat.vector
-        step = _chunk_elements(own)
         itemsize = own.element_size()
         numel = own.numel()
-        rule = self.pairwise_rule.aggregator
-        if not isinstance(rule, WeightedMean):
-            raise TypeError(f"only the mean rule averages in chunks, not {rule!r}")
-        half = own.new_full((1,), _HALF)
-        with self.lock, torch.no_grad():
-            for start in range(0, numel, step):
-                end = min(numel, start + step)
-                rule(own[start:end], other[start:end].unsqueeze(0), half, out=result[start:end])
-                # all but the answer's last bytes go out while the rest is computed and
-                # committed; those follow the commit (a complete answer = an adopted one)
-                growing.advance(max(0, min(end, numel - _HELD_BACK)) * itemsize)
-            own.copy_(result)
+
+        def computed(end: int) -> None:
+            growing.advance(max(0, min(end, numel - _HELD_BACK)) * itemsize)
+
+        with self.lock:
+            self.pairwise_rule.callee_answer_by_chunk(
+                own, other, result, chunk=_chunk_elements(own), computed=computed
+            )
         growing.advance(numel * itemsize)
 
 
@@ -266,8 +258,6 @@ STREAM_CHUNK_BYTES = 4 << 20
 that the rule's per-call cost is small, small enough that the first bytes go out early."""
 _HELD_BACK = 1024
 """Elements of a streamed answer published only once the average is committed."""
-_HALF = 0.5
-"""The pair's weight of ``gossip.average_pair``: x_i, x_j <- (x_i + x_j) / 2."""
 
 
 def _chunk_elements(vector: torch.Tensor) -> int:

@@ -188,3 +188,29 @@ def test_refuses_state_a_batch_of_changing_pairs_cannot_keep_and_bad_shapes() ->
         PairwiseGossip.caller_update(torch.zeros(3), torch.zeros(3), torch.zeros(4))
     with pytest.raises(ValueError, match=r"compressor must be a gossip\.Compressor"):
         PairwiseGossip(compressor="fp16")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 4096])
+def test_callee_answer_by_chunk_equals_the_whole_vector_rule(chunk: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    own, received = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+    rule = PairwiseGossip()
+    whole_own = own.clone()
+    expected = rule.callee_answer(whole_own, received)
+    ends: list[int] = []
+    out = torch.empty_like(own)
+    assert rule.callee_answer_by_chunk(own, received, out, chunk=chunk, computed=ends.append) is out
+    assert torch.equal(out, expected) and torch.equal(own, whole_own)  # bit for bit, committed
+    assert ends == sorted(ends) and ends[-1] == 1000 and len(ends) == -(-1000 // chunk)
+
+
+def test_callee_answer_by_chunk_is_the_mean_only_and_commits_nothing_on_failure() -> None:
+    robust = PairwiseGossip(consensus.build("median"))
+    assert not robust.answers_by_chunk and PairwiseGossip().answers_by_chunk
+    with pytest.raises(ValueError, match="only the mean"):
+        robust.callee_answer_by_chunk(torch.zeros(4), torch.ones(4), torch.empty(4), chunk=2)
+    own = torch.tensor([1.0, 2.0, 3.0, float("nan")])
+    before = own.clone()
+    with pytest.raises(ValueError):
+        PairwiseGossip().callee_answer_by_chunk(own, torch.ones(4), torch.empty(4), chunk=2)
+    assert torch.equal(own[:3], before[:3]) and torch.isnan(own[3])
