@@ -21,12 +21,14 @@ import time
 
 import torch
 
+from consensus import all_finite
+from gossip import compression
 from gossip.pairwise import PairwiseGossip
 from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.codecs import CompressorCodec
 from peer.core import PeerCore
-from peer.errors import ALIVE_REFUSALS, Busy, ProtocolError
+from peer.errors import ALIVE_REFUSALS, Busy, NonFiniteValues, ProtocolError
 from peer.growing import GrowingBuffer, fill_in_thread
 from peer.membership import Member
 from peer.threads import in_thread
@@ -162,9 +164,29 @@ class PairwiseExchange(PeerCore):
 
     def _mix_answer(self, reply: Envelope, sent: torch.Tensor) -> None:
         """Decode the neighbour's answer (validated: a typed error refuses it) and apply
-        the caller's half (:meth:`_add_locked`), in one worker thread."""
-        averaged = self.codecs[reply.codec].decode(reply.payload, self.spec)
-        self._add_locked(averaged, sent)
+        the caller's half (:meth:`_add_locked`), in one worker thread.
+
+        A dense answer to a model nobody touched since the snapshot is adopted with
+        ``gossip.PairwiseGossip.caller_adopt``: its finiteness is checked chunk by chunk as
+        it is copied in (a non-finite answer restores the model and is refused as
+        ``non_finite``), instead of a pass for the check, a pass to prove the model finite
+        and a pass to copy."""
+        codec = self.codecs[reply.codec]
+        own = self.flat.vector
+        if not (isinstance(codec, CompressorCodec) and _is_dense(codec)) or own.is_cuda:
+            self._add_locked(codec.decode(reply.payload, self.spec), sent)
+            return
+        answer = codec.decode(reply.payload, self.spec, finite=False)  # all but finiteness
+        with self.lock:
+            if self.lock.acquisitions == self._snapshot_taken + 1:
+                try:
+                    PairwiseGossip.caller_adopt(own, sent, answer, chunk=_chunk_elements(own))
+                except ValueError:
+                    raise NonFiniteValues(_NON_FINITE_ANSWER) from None
+                return
+        if not all_finite(answer):  # the model moved meanwhile: the general update
+            raise NonFiniteValues(_NON_FINITE_ANSWER)
+        self._add_locked(answer, sent)
 
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
         """The caller's half, ``gossip.PairwiseGossip.caller_update``: x <- x + (answer - sent),
@@ -254,11 +276,18 @@ class PairwiseExchange(PeerCore):
 
 
 STREAM_CHUNK_BYTES = 4 << 20
-"""Bytes of a streamed snapshot or average computed (and published) at a time: large enough
+"""Bytes of a streamed snapshot or average computed (and published), or of an answer adopted
+and checked (``caller_adopt``), at a time: large enough
 that the rule's per-call cost is small, small enough that the first bytes go out early."""
+_NON_FINITE_ANSWER = "payload field 'data' contains NaN or infinite values"
 _HELD_BACK = 1024
 """Elements of a streamed answer published only once the average is committed."""
 
 
 def _chunk_elements(vector: torch.Tensor) -> int:
     return max(1, STREAM_CHUNK_BYTES // vector.element_size())
+
+
+def _is_dense(codec: CompressorCodec) -> bool:
+    """The ``none`` codec (the model's raw values: decoding can leave finiteness out)."""
+    return isinstance(codec.compressor, compression.NoCompression)

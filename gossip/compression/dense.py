@@ -79,7 +79,16 @@ class NoCompression(Compressor):
         return {"dtype": wire, "data": to_bytes(fields["data"], wire)}
 
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
-        return _dense_fields(payload, d, tuple(WIRE_DTYPES), "")
+        return _dense_fields(payload, d, tuple(WIRE_DTYPES), "", finite=False)
+
+    def decode(self, payload: Mapping[str, Any], d: int, *, finite: bool = True) -> Tensor:
+        """Validate and view the payload's bytes. ``finite=False`` leaves out the finiteness
+        check (one pass over the values), for a receiver that checks the values itself as
+        it uses them (``gossip.PairwiseGossip.caller_adopt``); every other check runs."""
+        values = super().decode(payload, d)
+        if finite:
+            require_finite(values, "data")
+        return values
 
 
 class _Cast(Compressor):
