@@ -16,6 +16,9 @@ For each model size, in the same run, each configuration in fresh processes:
   validation or mixing. This is the reference.
 
 MB/s counts both directions (2 x model bytes per exchange). ``x gloo`` = time / gloo's time.
+``CPU ms``: processor time per exchange (user + system, both processes together) over the
+timed exchanges: on a machine with few cores, the time of an exchange cannot fall below
+this over the number of cores, whatever overlaps.
 Median of ``--repeats`` after one warm-up. RSS, in copies of the model, for the caller and
 the callee process: ``held+peak``, what the process holds once its peer started (beyond its
 imports) and the peak growth beyond that while exchanging (the kernel's VmHWM, reset at
@@ -104,6 +107,11 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _memory(baseline: int) -> tuple[int, int]:
     """(bytes held once the peer started, peak bytes beyond that while exchanging)."""
     started = _rss_bytes()
@@ -112,7 +120,12 @@ def _memory(baseline: int) -> tuple[int, int]:
 
 
 def _serve(
-    numel: int, secret: bytes | None, tls: dict[str, str], queue: Queue[Any], stop: Event
+    numel: int,
+    secret: bytes | None,
+    tls: dict[str, str],
+    queue: Queue[Any],
+    stop: Event,
+    timing: tuple[Event, Event],
 ) -> None:
     _quiet()
     import peer.node  # noqa: F401  (imports before the baseline)
@@ -124,12 +137,16 @@ def _serve(
         await peer.start()
         held, started = _memory(baseline)
         queue.put(peer.address)
+        await asyncio.to_thread(timing[0].wait)  # after the caller's warm-up exchange
+        cpu = _cpu_seconds()
+        await asyncio.to_thread(timing[1].wait)  # the timed exchanges are done
+        cpu = _cpu_seconds() - cpu
         while not stop.is_set():
             await asyncio.sleep(0.05)
         peak = _peak_rss_bytes() - started
         digest = hashlib.sha256(peer.flat.vector.numpy().tobytes()).hexdigest()
         await peer.stop()
-        queue.put((held, peak, digest))
+        queue.put((held, peak, digest, cpu))
 
     asyncio.run(main())
 
@@ -141,6 +158,7 @@ def _call(
     address: str,
     repeats: int,
     queue: Queue[Any],
+    timing: tuple[Event, Event],
 ) -> None:
     _quiet()
     import peer.node  # noqa: F401
@@ -149,6 +167,7 @@ def _call(
     memory = (0, 0)
     peak: list[int] = []
     digests: list[str] = []
+    cpu: list[float] = []
 
     async def main() -> list[float]:
         caller = _peer(
@@ -159,11 +178,16 @@ def _call(
         memory = _memory(baseline)
         times = []
         try:
-            for _ in range(repeats + 1):
+            for i in range(repeats + 1):
+                if i == 1:  # after the warm-up: both sides count processor time
+                    timing[0].set()
+                    cpu.append(_cpu_seconds())
                 started = time.perf_counter()
                 if await caller.gossip() != 1:
                     raise RuntimeError("exchange failed")
                 times.append(time.perf_counter() - started)
+            cpu[0] = _cpu_seconds() - cpu[0]
+            timing[1].set()
             peak.append(_peak_rss_bytes() - memory[1])
             digests.append(hashlib.sha256(caller.flat.vector.numpy().tobytes()).hexdigest())
         finally:
@@ -171,32 +195,34 @@ def _call(
         return times[1:]
 
     times = asyncio.run(main())
-    queue.put((statistics.median(times), (memory[0], peak[0]), digests[0]))
+    queue.put((statistics.median(times), (memory[0], peak[0]), digests[0], cpu[0]))
 
 
 def time_peer(
     numel: int, secret: bytes | None, repeats: int, tls: dict[str, str]
-) -> tuple[float, tuple[int, int], tuple[int, int]]:
+) -> tuple[float, tuple[int, int], tuple[int, int], float]:
     """(median seconds per exchange, caller's and callee's (held, peak while exchanging)
-    resident bytes). Raises unless both models are bit-identical after the exchanges
-    (with lr = 0 both hold the pair's average)."""
+    resident bytes, processor seconds per exchange of both). Raises unless both models are
+    bit-identical after the exchanges (with lr = 0 both hold the pair's average)."""
     context = mp.get_context("spawn")
     queue: Queue[Any] = context.Queue()
-    stop = context.Event()
-    server = context.Process(target=_serve, args=(numel, secret, tls, queue, stop))
+    stop, timing = context.Event(), (context.Event(), context.Event())
+    server = context.Process(target=_serve, args=(numel, secret, tls, queue, stop, timing))
     server.start()
     try:
         address = queue.get(timeout=300)
         results: Queue[Any] = context.Queue()
-        caller = context.Process(target=_call, args=(numel, secret, tls, address, repeats, results))
+        caller = context.Process(
+            target=_call, args=(numel, secret, tls, address, repeats, results, timing)
+        )
         caller.start()
-        seconds, caller_rss, caller_digest = results.get(timeout=1800)
+        seconds, caller_rss, caller_digest, caller_cpu = results.get(timeout=1800)
         caller.join(timeout=60)
         stop.set()
-        *callee_rss, callee_digest = queue.get(timeout=120)
+        held, peak, callee_digest, callee_cpu = queue.get(timeout=120)
         if caller_digest != callee_digest:  # lr = 0: both must hold the pair's average
             raise RuntimeError("after the exchanges the two models differ")
-        return seconds, caller_rss, (callee_rss[0], callee_rss[1])
+        return seconds, caller_rss, (held, peak), (caller_cpu + callee_cpu) / repeats
     finally:
         stop.set()
         server.join(timeout=60)
@@ -239,13 +265,16 @@ def make_certificate(directory: Path) -> dict[str, str]:
     return {"tls_cert": str(cert), "tls_key": str(key_file), "tls_ca": str(cert)}
 
 
-def _gloo(rank: int, port: int, numel: int, repeats: int, queue: Queue[float]) -> None:
+def _gloo(rank: int, port: int, numel: int, repeats: int, queue: Queue[Any]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     mine, theirs = torch.randn(numel), torch.empty(numel)
     dist.barrier()
     times = []
-    for _ in range(repeats + 1):
+    cpu = 0.0
+    for i in range(repeats + 1):
+        if i == 1:
+            cpu = _cpu_seconds()
         started = time.perf_counter()
         if rank == 0:
             dist.send(mine, 1)
@@ -254,8 +283,8 @@ def _gloo(rank: int, port: int, numel: int, repeats: int, queue: Queue[float]) -
             dist.recv(theirs, 0)
             dist.send(mine, 0)
         times.append(time.perf_counter() - started)
-    if rank == 0:
-        queue.put(statistics.median(times[1:]))
+    cpu = _cpu_seconds() - cpu
+    queue.put((rank, statistics.median(times[1:]), cpu))
     dist.destroy_process_group()
 
 
@@ -266,17 +295,18 @@ def _free_port() -> int:
         return port
 
 
-def time_gloo(numel: int, repeats: int) -> float:
+def time_gloo(numel: int, repeats: int) -> tuple[float, float]:
+    """(rank 0's median seconds per send-recv pair, processor seconds per pair of both)."""
     context = mp.get_context("spawn")
-    queue: Queue[float] = context.Queue()
+    queue: Queue[Any] = context.Queue()
     port = _free_port()
     workers = [context.Process(target=_gloo, args=(r, port, numel, repeats, queue)) for r in (0, 1)]
     for w in workers:
         w.start()
-    result = queue.get(timeout=300)
+    results = sorted(queue.get(timeout=300) for _ in workers)
     for w in workers:
         w.join(timeout=30)
-    return result
+    return results[0][1], sum(cpu for _, _, cpu in results) / repeats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, median of {args.repeats}; RSS in model copies, "
         "caller/callee, each held+peak: resident once started + peak growth while exchanging"
     )
-    header = f"{'MB':>5}  {'gloo ms':>8}  {'MB/s':>6}"
+    header = f"{'MB':>5}  {'gloo ms':>8}  {'MB/s':>6}  {'CPU ms':>6}"
     for column in columns:
-        header += f"  {column + ' ms':>10}  {'MB/s':>6}  {'x gloo':>6}  {'RSS':>15}"
+        header += f"  {column + ' ms':>10}  {'MB/s':>6}  {'x gloo':>6}  {'CPU ms':>6}  {'RSS':>15}"
     print(header)
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as directory:
@@ -314,18 +344,18 @@ def main(argv: list[str] | None = None) -> int:
             numel = int(size * 2**20) // 4
             model_bytes = numel * 4
             moved = 2 * model_bytes / 2**20
-            gloo = time_gloo(numel, args.repeats)
-            line = f"{size:>5g}  {gloo * 1e3:>8.1f}  {moved / gloo:>6.0f}"
+            gloo, gloo_cpu = time_gloo(numel, args.repeats)
+            line = f"{size:>5g}  {gloo * 1e3:>8.1f}  {moved / gloo:>6.0f}  {gloo_cpu * 1e3:>6.1f}"
             for column in columns:
                 secret, extra = settings[column]
-                seconds, caller_rss, callee_rss = time_peer(numel, secret, args.repeats, extra)
+                seconds, caller_rss, callee_rss, cpu = time_peer(numel, secret, args.repeats, extra)
                 copies = "/".join(
                     f"{held / model_bytes:.1f}+{peak / model_bytes:.1f}"
                     for held, peak in (caller_rss, callee_rss)
                 )
                 line += (
                     f"  {seconds * 1e3:>10.1f}  {moved / seconds:>6.0f}  "
-                    f"{seconds / gloo:>6.2f}  {copies:>15}"
+                    f"{seconds / gloo:>6.2f}  {cpu * 1e3:>6.1f}  {copies:>15}"
                 )
             print(line, flush=True)
     return 0
