@@ -13,7 +13,8 @@ For each model size, in the same run, each configuration in fresh processes:
   cost of encryption on the same path.
 * ``gloo``: ``dist.send`` then ``dist.recv`` of the same bytes between two processes
   (``init_method=tcp://127.0.0.1:PORT``): the bytes moved both ways, with no framing,
-  validation or mixing. This is the reference.
+  validation or mixing. This is the reference. It runs before and after the peer's columns
+  and its median is over both runs (background load that comes and goes weighs on both).
 
 MB/s counts both directions (2 x model bytes per exchange). ``x gloo`` = time / gloo's time.
 ``CPU ms``: processor time per exchange (user + system, both processes together) over the
@@ -284,7 +285,7 @@ def _gloo(rank: int, port: int, numel: int, repeats: int, queue: Queue[Any]) -> 
             dist.send(mine, 0)
         times.append(time.perf_counter() - started)
     cpu = _cpu_seconds() - cpu
-    queue.put((rank, statistics.median(times[1:]), cpu))
+    queue.put((rank, times[1:], cpu))
     dist.destroy_process_group()
 
 
@@ -295,8 +296,8 @@ def _free_port() -> int:
         return port
 
 
-def time_gloo(numel: int, repeats: int) -> tuple[float, float]:
-    """(rank 0's median seconds per send-recv pair, processor seconds per pair of both)."""
+def time_gloo(numel: int, repeats: int) -> tuple[list[float], float]:
+    """(rank 0's seconds per send-recv pair, processor seconds per pair of both)."""
     context = mp.get_context("spawn")
     queue: Queue[Any] = context.Queue()
     port = _free_port()
@@ -344,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             numel = int(size * 2**20) // 4
             model_bytes = numel * 4
             moved = 2 * model_bytes / 2**20
-            gloo, gloo_cpu = time_gloo(numel, args.repeats)
-            line = f"{size:>5g}  {gloo * 1e3:>8.1f}  {moved / gloo:>6.0f}  {gloo_cpu * 1e3:>6.1f}"
+            first, first_cpu = time_gloo(numel, args.repeats)
+            rows = []
             for column in columns:
                 secret, extra = settings[column]
                 seconds, caller_rss, callee_rss, cpu = time_peer(numel, secret, args.repeats, extra)
@@ -353,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{held / model_bytes:.1f}+{peak / model_bytes:.1f}"
                     for held, peak in (caller_rss, callee_rss)
                 )
+                rows.append((seconds, cpu, copies))
+            # gloo again after the peer's columns: its median is over both runs
+            second, second_cpu = time_gloo(numel, args.repeats)
+            gloo = statistics.median(first + second)
+            gloo_cpu = (first_cpu + second_cpu) / 2
+            line = f"{size:>5g}  {gloo * 1e3:>8.1f}  {moved / gloo:>6.0f}  {gloo_cpu * 1e3:>6.1f}"
+            for seconds, cpu, copies in rows:
                 line += (
                     f"  {seconds * 1e3:>10.1f}  {moved / seconds:>6.0f}  "
                     f"{seconds / gloo:>6.2f}  {cpu * 1e3:>6.1f}  {copies:>15}"
