@@ -25,7 +25,7 @@ class PeerMetrics:
         ).labels
         self.exchanges = Counter(
             "gossipnet_exchanges",
-            "Exchanges by role (caller/callee) and outcome (ok, failed, busy, refused)",
+            "Exchanges by role (caller/callee) and outcome (ok, failed, busy, refused, unanswered)",
             ["role", "outcome"],
             registry=self.registry,
         ).labels

@@ -177,6 +177,10 @@ class ServerState:
 
 
 SERVER_STATE = web.AppKey("gossipnet_server_state", ServerState)
+ANSWERED = web.RequestKey("gossipnet_answered", str)
+"""``request[ANSWERED]``: how an envelope answer ended when it did not reach the caller whole
+(``unanswered``: not taken in time or the connection broke; ``failed``: the answer's worker
+failed), for the callee's ``gossipnet_exchanges_total`` outcome; absent when it was written."""
 DIRECT_READ = web.RequestKey("gossipnet_direct_read", bool)
 """``request[DIRECT_READ]`` is true while a request's body read straight from its socket
 (``peer.receive``) left aiohttp's parser of the connection out of step: the answer then
@@ -442,7 +446,13 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
                     started = _take_exchange_slot()
                     slot = True
                 reply = await _exchange(obj)
-                return await _send_envelope(request, reply, nonce, stream)
+                response = await _send_envelope(request, reply, nonce, stream)
+                # ok: averaged and answered whole; unanswered: averaged, but the caller did
+                # not take the answer (it applies nothing: the pair's sum moved); failed:
+                # the answer failed before it was whole (the model is unchanged)
+                outcome = request.get(ANSWERED, "ok")
+                service.metrics.exchanges(role="callee", outcome=outcome).inc()
+                return response
         except ProtocolError as error:
             return _sign(_refused(request, error), nonce)
         finally:
@@ -497,9 +507,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         except ProtocolError:
             service.metrics.exchanges(role="callee", outcome="refused").inc()
             raise
-        reply = await service.on_exchange(envelope, vector)
-        service.metrics.exchanges(role="callee", outcome="ok").inc()
-        return reply
+        return await service.on_exchange(envelope, vector)
 
     async def state_endpoint(request: web.Request) -> web.StreamResponse:
         """``GET /v1/state``: verified whole before anything (it has no body), then it waits
@@ -585,6 +593,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
                 deadline_s,
                 type(error).__name__,
             )
+            request[ANSWERED] = "unanswered"
             if request.transport is not None:
                 request.transport.abort()
         except ProducerFailed as error:
@@ -600,6 +609,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
                 cause,
             )
             logger.debug("the answer's failure", exc_info=cause)
+            request[ANSWERED] = "failed"
             if request.transport is not None:
                 request.transport.abort()
         return response

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -175,3 +176,59 @@ def pack_envelope_of(vector: torch.Tensor) -> bytes:
     return pack_envelope(
         Envelope(sender="caller", round=0, codec="none", payload=DenseCodec().encode(vector))
     )
+
+
+def _callee_exchanges(peer: Peer, outcome: str) -> float:
+    pattern = rf'gossipnet_exchanges_total\{{outcome="{outcome}",role="callee"\}} ([0-9.e+]+)'
+    found = re.search(pattern, peer.render_metrics().decode())
+    return float(found.group(1)) if found else 0.0
+
+
+async def _counted(peer: Peer, outcome: str) -> float:
+    """The callee's count of ``outcome`` once it is non-zero (the server counts an exchange
+    after its answer is written, which the caller may have read already), or 0 after 10 s."""
+    for _ in range(200):
+        if _callee_exchanges(peer, outcome):
+            break
+        await asyncio.sleep(0.05)
+    return _callee_exchanges(peer, outcome)
+
+
+@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+async def test_an_answer_the_caller_left_before_is_counted_unanswered_not_ok() -> None:
+    """The caller hangs up while its request is decoded: the callee still averages (it
+    commits before it answers) but counts the exchange ``unanswered``, not ``ok``."""
+    async with started_peer("callee", seed=1, secret=None) as callee:
+        gated = _GatedDecode(callee.codecs["none"])
+        callee.codecs["none"] = gated  # type: ignore[assignment]
+        before = model_bytes(callee)
+        body = pack_envelope_of(torch.full((callee.spec.numel,), 5.0))
+        host, port = callee.address.rsplit(":", 1)
+        _reader, writer = await asyncio.open_connection(host, int(port))
+        head = (
+            f"POST /v1/exchange HTTP/1.1\r\nHost: {callee.address}\r\n"
+            f"Content-Type: application/msgpack\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        await writer.drain()
+        assert await asyncio.to_thread(gated.started.wait, 30)
+        writer.close()  # gone before the answer
+        await writer.wait_closed()
+        gated.gate.set()
+        assert await _counted(callee, "unanswered") == 1
+        assert _callee_exchanges(callee, "ok") == 0
+        assert model_bytes(callee) != before  # averaged: the pair's sum moved
+
+
+@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+async def test_an_answer_taken_whole_is_counted_ok() -> None:
+    async with started_peer("callee", seed=1, secret=None) as callee:
+        body = pack_envelope_of(torch.full((callee.spec.numel,), 5.0))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://{callee.address}/v1/exchange", data=body) as response,
+        ):
+            assert response.status == 200
+            await response.read()
+        assert await _counted(callee, "ok") == 1
+        assert _callee_exchanges(callee, "unanswered") == 0
