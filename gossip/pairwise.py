@@ -160,13 +160,7 @@ class PairwiseGossip:
         rule = self.aggregator
         if not (self.answers_by_chunk and isinstance(rule, WeightedMean)):
             raise ValueError(f"only the mean averages by chunk, not {rule!r}")
-        if not (own.dim() == 1 and own.shape == received.shape == out.shape):
-            raise ValueError(
-                f"own, received and out must be one [d] shape, got {tuple(own.shape)}, "
-                f"{tuple(received.shape)} and {tuple(out.shape)}"
-            )
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        _check_chunks(chunk, own=own, received=received, out=out)
         numel = own.numel()
         with torch.no_grad():
             received = received.to(device=own.device, dtype=own.dtype)
@@ -229,13 +223,7 @@ class PairwiseGossip:
         :meth:`caller_update` ``(own, own, answer)`` (where ``own`` is finite, as the snapshot
         a callee accepted is). Call it under the model's lock. Returns ``own``.
         """
-        if own.dim() != 1 or own.shape != sent.shape or own.shape != answer.shape:
-            raise ValueError(
-                f"own, sent and answer must be one [d] shape, got {tuple(own.shape)}, "
-                f"{tuple(sent.shape)} and {tuple(answer.shape)}"
-            )
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        _check_chunks(chunk, own=own, sent=sent, answer=answer)
         numel = own.numel()
         with torch.no_grad():
             answer = answer.to(device=own.device, dtype=own.dtype)
@@ -342,6 +330,17 @@ class PairwiseGossip:
                 "changing pairs cannot hold per node; use a stateless rule (mean, median, "
                 "clipped-gossip, ...)"
             )
+
+
+def _check_chunks(chunk: int, **vectors: Tensor) -> None:
+    """The chunked halves' arguments: one-dimensional vectors of one shape, ``chunk >= 1``."""
+    shapes = [tuple(v.shape) for v in vectors.values()]
+    if len(shapes[0]) != 1 or any(shape != shapes[0] for shape in shapes):
+        raise ValueError(
+            f"{', '.join(vectors)} must be one [d] shape, got {', '.join(map(str, shapes))}"
+        )
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
 
 
 def pairwise_average(
