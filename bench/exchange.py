@@ -188,10 +188,11 @@ def _call(
                     raise RuntimeError("exchange failed")
                 times.append(time.perf_counter() - started)
             cpu[0] = _cpu_seconds() - cpu[0]
-            timing[1].set()
             peak.append(_peak_rss_bytes() - memory[1])
             digests.append(hashlib.sha256(caller.flat.vector.numpy().tobytes()).hexdigest())
         finally:
+            for event in timing:  # the callee stops counting (also when an exchange failed)
+                event.set()
             await caller.stop()
         return times[1:]
 

@@ -21,14 +21,13 @@ import time
 
 import torch
 
-from consensus import all_finite
 from gossip import compression
 from gossip.pairwise import PairwiseGossip
 from peer.body import ArenaPool
 from peer.client import PeerUnavailable, RemoteRefused
 from peer.codecs import CompressorCodec
 from peer.core import PeerCore
-from peer.errors import ALIVE_REFUSALS, Busy, NonFiniteValues, ProtocolError
+from peer.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.growing import GrowingBuffer, fill_in_thread
 from peer.membership import Member
 from peer.threads import in_thread
@@ -173,20 +172,18 @@ class PairwiseExchange(PeerCore):
         and a pass to copy."""
         codec = self.codecs[reply.codec]
         own = self.flat.vector
-        if not (isinstance(codec, CompressorCodec) and _is_dense(codec)) or own.is_cuda:
-            self._add_locked(codec.decode(reply.payload, self.spec), sent)
-            return
-        answer = codec.decode(reply.payload, self.spec, finite=False)  # all but finiteness
-        with self.lock:
-            if self.lock.acquisitions == self._snapshot_taken + 1:
-                try:
-                    PairwiseGossip.caller_adopt(own, sent, answer, chunk=_chunk_elements(own))
-                except ValueError:
-                    raise NonFiniteValues(_NON_FINITE_ANSWER) from None
-                return
-        if not all_finite(answer):  # the model moved meanwhile: the general update
-            raise NonFiniteValues(_NON_FINITE_ANSWER)
-        self._add_locked(answer, sent)
+        if isinstance(codec, CompressorCodec) and _is_dense(codec) and not own.is_cuda:
+            answer = codec.decode(reply.payload, self.spec, finite=False)  # all but finiteness
+            with self.lock:
+                if self.lock.acquisitions == self._snapshot_taken + 1:
+                    try:
+                        PairwiseGossip.caller_adopt(own, sent, answer, chunk=_chunk_elements(own))
+                        return
+                    except ValueError:
+                        pass  # not finite: the model is restored; the full decode names it
+        # the general update (the model moved since the snapshot, or another codec), after
+        # the codec's full validation (a non-finite answer is refused as non_finite here)
+        self._add_locked(codec.decode(reply.payload, self.spec), sent)
 
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
         """The caller's half, ``gossip.PairwiseGossip.caller_update``: x <- x + (answer - sent),
@@ -279,7 +276,6 @@ STREAM_CHUNK_BYTES = 4 << 20
 """Bytes of a streamed snapshot or average computed (and published), or of an answer adopted
 and checked (``caller_adopt``), at a time: large enough
 that the rule's per-call cost is small, small enough that the first bytes go out early."""
-_NON_FINITE_ANSWER = "payload field 'data' contains NaN or infinite values"
 _HELD_BACK = 1024
 """Elements of a streamed answer published only once the average is committed."""
 
