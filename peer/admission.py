@@ -248,10 +248,12 @@ class ServingShare:
     exchanges (from admission to the answer written; concurrent exchanges add up, so the
     count is conservative) over the last ``window_s`` seconds may reach at most
     ``max_share`` of the window; an exchange beyond it is refused ``409 busy`` before its
-    body is read (a caller counts busy as a sign of life and tries another neighbour or
-    the next round). Training therefore keeps at least ``1 - max_share`` of the peer's
-    time, whatever the number of callers. A peer that is not training (finished, holding,
-    waiting for peers) serves without this bound. ``max_share = 1`` turns it off.
+    body is read (a caller counts busy as a sign of life and gives its place in the round
+    to another neighbour, ``peer.pairwise.BUSY_RETRIES``). Training therefore keeps at
+    least ``1 - max_share`` of the peer's time, whatever the number of callers. A peer
+    that is not training (no step in the last second, or ``Peer.run`` has taken its
+    steps: finished, holding, waiting for peers) serves without this bound.
+    ``max_share = 1`` turns it off.
     """
 
     def __init__(

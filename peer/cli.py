@@ -161,7 +161,13 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         "(sign-flip, gaussian:sigma=1, alie, ...; see gossipnet consensus) instead of its "
         "messages; sync algorithms only",
     )
-    peer.add_argument("--fanout", type=int, default=1, help="async: neighbours per round")
+    peer.add_argument(
+        "--fanout",
+        type=int,
+        default=1,
+        help="async: neighbours averaged with per round; a neighbour that answers busy "
+        "gives its place to another, at most 2 a round (default 1)",
+    )
     peer.add_argument("--round-deadline-s", type=float, default=5.0, help="sync: round deadline")
     peer.add_argument("--seed", type=int, default=0)
     peer.add_argument(

@@ -508,8 +508,14 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
             raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
         hooks = _StepHooks(callbacks, scheduler, scheduler_every)
         target = self.step + steps
-        while self.step < target:
-            await self._run_round(hooks)
+        try:
+            while self.step < target:
+                await self._run_round(hooks)
+        finally:
+            # a peer that has finished its steps (or whose run was cancelled) serves its
+            # neighbours without the serving share at once: the swarm's last rounds are
+            # not refused by peers that merely trained a moment ago
+            self.trainer.stopped()
 
     async def run_round(self) -> None:
         """One round: the phases of ``gossip.RoundPlan`` (gradient, step, exchange)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 import torch
 
@@ -32,6 +33,12 @@ from peer.growing import GrowingBuffer, fill_in_thread
 from peer.membership import Member
 from peer.threads import in_thread
 from peer.wire import Envelope
+
+Outcome = Literal["ok", "busy", "failed"]
+"""How one call ended: averaged, refused by a live neighbour at one of its bounds, or failed."""
+
+BUSY_RETRIES = 2
+"""How many ``busy`` neighbours an async round may pass over for another (per round)."""
 
 
 class PairwiseExchange(PeerCore):
@@ -53,11 +60,27 @@ class PairwiseExchange(PeerCore):
         """The model lock's count at our last snapshot (``_add_locked``)."""
 
     async def _gossip_async(self) -> int:
+        """Average with ``fanout`` neighbours, called one at a time in a random order.
+
+        A neighbour that answers ``busy`` (at one of its bounds, or calling us right now)
+        is alive but cannot average now: its place goes to the next neighbour in the
+        order, at most :data:`BUSY_RETRIES` times a round, so a caller that nobody can
+        call (a client-only peer) is not left training alone while one neighbour's
+        serving share is spent. A failed call keeps its place (the neighbour is
+        suspected; trying others could hold the round for several timeouts)."""
         neighbours = self._neighbours()
-        chosen = self._rng.sample(neighbours, min(self.config.fanout, len(neighbours)))
+        wanted = min(self.config.fanout, len(neighbours))
+        retries = BUSY_RETRIES
         done = 0
-        for member in chosen:
-            done += await self._pairwise(member)
+        for member in self._rng.sample(neighbours, len(neighbours)):
+            if wanted == 0:
+                break
+            outcome = await self._pairwise(member)
+            if outcome == "busy" and retries > 0:
+                retries -= 1
+                continue
+            wanted -= 1
+            done += outcome == "ok"
         return done
 
     # ------------------------------------------------------------------ streaming
@@ -121,7 +144,9 @@ class PairwiseExchange(PeerCore):
         fill_in_thread(growing, self._snapshot_in_chunks, sent, growing)
         return self._envelope_of(payload), sent, growing
 
-    async def _pairwise(self, member: Member) -> bool:
+    async def _pairwise(self, member: Member) -> Outcome:
+        """One push-pull exchange with ``member``: ``"ok"``, ``"busy"`` (alive, refused
+        at one of its bounds) or ``"failed"``."""
         assert member.address is not None
         self._in_flight.add(member.id)
         growing = None
@@ -140,16 +165,16 @@ class PairwiseExchange(PeerCore):
             except RemoteRefused as error:
                 if error.code in ALIVE_REFUSALS:  # full (e.g. averaging with us as the callee)
                     self.metrics.exchanges(role="caller", outcome="busy").inc()
-                    return False
+                    return "busy"
                 self.metrics.exchanges(role="caller", outcome="failed").inc()
                 self.health.record(failed=1)
                 self._failed(member, error)
-                return False
+                return "failed"
             except (PeerUnavailable, ProtocolError) as error:
                 self.metrics.exchanges(role="caller", outcome="failed").inc()
                 self.health.record(failed=1)
                 self._failed(member, error)
-                return False
+                return "failed"
         finally:
             if growing is not None:
                 await growing.settled()  # the snapshot's worker is done with the buffer
@@ -159,7 +184,7 @@ class PairwiseExchange(PeerCore):
         self.metrics.exchanges(role="caller", outcome="ok").inc()
         self.health.record(ok=1)
         self.metrics.exchange_seconds.observe(time.perf_counter() - started)
-        return True
+        return "ok"
 
     def _mix_answer(self, reply: Envelope, sent: torch.Tensor) -> None:
         """Decode the neighbour's answer (validated: a typed error refuses it) and apply

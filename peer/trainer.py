@@ -212,8 +212,14 @@ class Trainer:
         return value
 
     def training(self, within_s: float = 1.0) -> bool:
-        """Whether an optimizer step was taken in the last ``within_s`` seconds."""
+        """Whether an optimizer step was taken in the last ``within_s`` seconds (and
+        :meth:`stopped` was not called since)."""
         return self.last_step_at is not None and time.monotonic() - self.last_step_at < within_s
+
+    def stopped(self) -> None:
+        """Training stopped (the steps asked for are taken): :meth:`training` is false
+        until the next step, instead of for ``within_s`` more seconds."""
+        self.last_step_at = None
 
     def evaluate(
         self,

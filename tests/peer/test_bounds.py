@@ -228,3 +228,26 @@ def test_serving_share_bounds_serving_time_while_training_only() -> None:
     for bad in (0, 1.5, True, "half"):
         with pytest.raises(LimitError, match="max_serving_share"):
             ServingShare(bad, lambda: True)  # type: ignore[arg-type]
+
+
+async def test_a_peer_that_has_taken_its_steps_serves_beyond_the_share_at_once() -> None:
+    """The serving share binds while a peer trains; once ``run`` has taken the steps asked
+    for, neighbours still finishing theirs are served at once (not refused for the second
+    a recent step would otherwise count as training)."""
+    async with (
+        started_peer("a") as a,
+        started_peer("b", seed=1, join=(a.address,), fetch_state=False) as b,
+    ):
+        share = a.serving_share
+        assert share is not None
+        admitted = []
+
+        def serving_looked_busy(step: int, loss: float) -> None:
+            share.done(share.start() - 1.9)  # 1.9 s of the 2 s window spent serving
+            admitted.append(share.admit())
+
+        await a.run(steps=2, callbacks=[serving_looked_busy])
+        assert admitted == [False, False]  # while it trains, the share binds
+        assert share.share() > share.max_share
+        assert await b.gossip() == 1  # finished a moment ago: served
+        assert share.refused == 2

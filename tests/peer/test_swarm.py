@@ -200,3 +200,51 @@ async def test_checkpoints_and_resume(tmp_path: Path) -> None:
         momentum = state["state"][0]["momentum_buffer"]
         assert momentum.abs().sum() > 0
         assert torch.equal(momentum, optimizer_state["state"][0]["momentum_buffer"])
+
+
+def _serving_share_spent(peer: Peer) -> None:
+    """``peer`` trains (a step just now) and has served 95 % of its window: it answers
+    exchanges ``409 busy`` for the next second."""
+    share = peer.serving_share
+    assert share is not None
+    share.done(share.start() - 1.9)
+    peer.record_step()
+
+
+async def test_a_busy_neighbours_place_goes_to_the_next_one_in_the_round() -> None:
+    from peer.pairwise import BUSY_RETRIES
+
+    async with AsyncExitStack() as stack:
+        good = await stack.enter_async_context(started_peer("good", seed=0))
+        full = [
+            await stack.enter_async_context(
+                started_peer(f"full{i}", seed=i + 1, join=(good.address,), fetch_state=False)
+            )
+            for i in range(4)
+        ]
+        edge = await stack.enter_async_context(
+            started_peer(
+                "edge",
+                seed=9,
+                client_only=True,
+                join=tuple(p.address for p in [good, *full]),
+                fetch_state=False,
+            )
+        )
+        assert len(edge._neighbours()) == 5
+        busy = edge.metrics.exchanges(role="caller", outcome="busy")
+        # with four busy neighbours and one free, a round (fanout 1) passes over at most
+        # BUSY_RETRIES busy ones; when the free one comes within that, the round averages
+        rounds = []
+        for _ in range(8):
+            for peer in full:
+                _serving_share_spent(peer)
+            before = busy._value.get()
+            done = await edge.gossip()
+            rounds.append((done, busy._value.get() - before))
+        assert all(refused <= BUSY_RETRIES + 1 for _, refused in rounds), rounds
+        assert all(done == (refused <= BUSY_RETRIES) for done, refused in rounds), rounds
+        assert any(done and refused for done, refused in rounds), rounds  # a retry averaged
+        assert any(refused == BUSY_RETRIES + 1 for _, refused in rounds), rounds  # the bound
+        assert sum(p.serving_share.refused for p in full) == busy._value.get()  # type: ignore[union-attr]
+        assert edge.metrics.exchanges(role="caller", outcome="failed")._value.get() == 0
