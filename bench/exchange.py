@@ -17,6 +17,8 @@ For each model size, in the same run, each configuration in fresh processes:
   and its median is over both runs (background load that comes and goes weighs on both).
 
 MB/s counts both directions (2 x model bytes per exchange). ``x gloo`` = time / gloo's time.
+``--device cuda``: both peers' models on the GPU (each exchange stages through the peer's
+pinned host buffers); gloo still moves host tensors, the loopback's reference.
 ``CPU ms``: processor time per exchange (user + system, both processes together) over the
 timed exchanges: on a machine with few cores, the time of an exchange cannot fall below
 this over the number of cores, whatever overlaps.
@@ -27,6 +29,7 @@ start); docs/protocol.md, "Memory", states the counts. Run::
 
     .venv/bin/python bench/exchange.py               # 1, 4, 16, 64, 256 MB
     .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7
+    .venv/bin/python bench/exchange.py --device cuda   # on a machine with a GPU
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ def _peer(peer_id: str, numel: int, secret: bytes | None, **config: Any) -> Any:
         [],
         PeerConfig(peer_id=peer_id, secret=secret, request_timeout_s=300.0, **config),
     )
+
+
+def _digest(peer: Any) -> str:
+    """SHA-256 of the peer's model bytes (copied to the host first if it is on a GPU)."""
+    return hashlib.sha256(peer.flat.vector.detach().cpu().numpy().tobytes()).hexdigest()
 
 
 def _quiet() -> None:
@@ -145,7 +153,7 @@ def _serve(
         while not stop.is_set():
             await asyncio.sleep(0.05)
         peak = _peak_rss_bytes() - started
-        digest = hashlib.sha256(peer.flat.vector.numpy().tobytes()).hexdigest()
+        digest = _digest(peer)
         await peer.stop()
         queue.put((held, peak, digest, cpu))
 
@@ -189,7 +197,7 @@ def _call(
                 times.append(time.perf_counter() - started)
             cpu[0] = _cpu_seconds() - cpu[0]
             peak.append(_peak_rss_bytes() - memory[1])
-            digests.append(hashlib.sha256(caller.flat.vector.numpy().tobytes()).hexdigest())
+            digests.append(_digest(caller))
         finally:
             for event in timing:  # the callee stops counting (also when an exchange failed)
                 event.set()
@@ -311,13 +319,41 @@ def time_gloo(numel: int, repeats: int) -> tuple[list[float], float]:
     return results[0][1], sum(cpu for _, _, cpu in results) / repeats
 
 
+def _device(name: str, parser: argparse.ArgumentParser) -> str:
+    """``--device``, checked before anything starts: a CUDA device must exist here."""
+    if name != "cpu" and not (name == "cuda" or name.startswith("cuda:")):
+        parser.error(f"--device: got {name!r}; allowed: cpu, cuda, cuda:I")
+    if name == "cpu":
+        return name
+    if not torch.cuda.is_available():
+        parser.error(f"--device {name}: no CUDA device here (torch.cuda.is_available() is False)")
+    index = name.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        parser.error(
+            f"--device: got {name!r}; this machine has cuda:0-{torch.cuda.device_count() - 1}"
+        )
+    return name
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return "models on cpu"
+    return f"models on {device} ({torch.cuda.get_device_name(torch.device(device))})"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bench/exchange.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--sizes", default="1,4,16,64,256", help="model sizes in MB (float32), comma-separated"
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed exchanges per size (median)")
     parser.add_argument("--no-tls", action="store_true", help="leave out the TLS column")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where both peers' models live: cpu (default), cuda or cuda:I (gloo's reference "
+        "moves host tensors either way)",
+    )
     args = parser.parse_args(argv)
     _quiet()
     try:
@@ -328,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must all be > 0")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    device = _device(args.device, parser)
     columns = ["signed", "open"] + ([] if args.no_tls else ["TLS"])
     print(
         f"# bench/exchange.py, {datetime.date.today()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, median of {args.repeats}; RSS in model copies, "
+        f"torch {torch.__version__}, {_device_name(device)}, median of {args.repeats}; "
+        "RSS in model copies, "
         "caller/callee, each held+peak: resident once started + peak growth while exchanging"
     )
     header = f"{'MB':>5}  {'gloo ms':>8}  {'MB/s':>6}  {'CPU ms':>6}"
@@ -341,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     with tempfile.TemporaryDirectory() as directory:
         tls = make_certificate(Path(directory)) if not args.no_tls else {}
-        settings = {"signed": (SECRET, {}), "open": (None, {}), "TLS": (None, tls)}
+        on = {"device": device}
+        settings = {"signed": (SECRET, on), "open": (None, on), "TLS": (None, {**tls, **on})}
         for size in sizes:
             numel = int(size * 2**20) // 4
             model_bytes = numel * 4

@@ -1,0 +1,51 @@
+"""``bench/exchange.py``'s ``--device``: checked before any process starts (the timings
+themselves are read from the bench's table, never asserted in a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_exchange", ROOT / "bench" / "exchange.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("tpu", "--device: got 'tpu'; allowed: cpu, cuda, cuda:I"),
+        ("cuda:x", "--device: got 'cuda:x'"),
+        ("cuda:99", "--device: got 'cuda:99'"),
+    ],
+)
+def test_a_device_that_cannot_be_used_is_refused_naming_the_flag(
+    device: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if device != "tpu" and not torch.cuda.is_available():
+        message = f"--device {device}: no CUDA device here"
+    with pytest.raises(SystemExit) as exited:
+        bench().main(["--device", device, "--sizes", "1"])
+    assert exited.value.code == 2
+    assert f"bench/exchange.py: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench().main(["--device", "cuda"])
+    assert exited.value.code == 2
+    err = capsys.readouterr()
+    assert "--device cuda: no CUDA device here" in err.err and "gloo" not in err.out
