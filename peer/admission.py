@@ -238,21 +238,30 @@ class ByteAccount:
 DEFAULT_SERVING_SHARE = 0.5
 """Default of ``max_serving_share``: while a peer trains, serving takes at most half its time."""
 SERVING_WINDOW_S = 2.0
-"""The sliding window over which the serving share is measured."""
+"""The serving share's horizon: it may run ``max_share x`` this many seconds ahead."""
 
 
 class ServingShare:
     """Keeps a training peer's own training from being starved by neighbours' exchanges.
 
-    While the peer trains (``active()`` is true), the wall time its server spends serving
-    exchanges (from admission to the answer written; concurrent exchanges add up, so the
-    count is conservative) over the last ``window_s`` seconds may reach at most
-    ``max_share`` of the window; an exchange beyond it is refused ``409 busy`` before its
-    body is read (a caller counts busy as a sign of life and gives its place in the round
-    to another neighbour, ``peer.pairwise.BUSY_RETRIES``). Training therefore keeps at
-    least ``1 - max_share`` of the peer's time, whatever the number of callers. A peer
-    that is not training (no step in the last second, or ``Peer.run`` has taken its
-    steps: finished, holding, waiting for peers) serves without this bound.
+    While the peer trains (``active()`` is true), serving exchanges may take at most
+    ``max_share`` of its time. Kept as a leaky bucket: each exchange served adds its wall
+    time (admission to the answer written; concurrent exchanges add up, so the count is
+    conservative), and the bucket drains at ``max_share`` seconds per second. While it
+    holds ``max_share x window_s`` seconds or more, an exchange is refused ``409 busy``
+    before its body is read (a caller counts busy as a sign of life and gives its place in
+    the round to another neighbour, ``peer.pairwise.BUSY_RETRIES``). Over any stretch of
+    T seconds of training, serving therefore takes at most ``max_share x (T + window_s)``
+    seconds plus the exchanges in flight: training keeps at least ``1 - max_share`` of
+    the peer's time, whatever the number of callers.
+
+    A bucket, not a sliding window: a window forgets each exchange all at once
+    ``window_s`` after it, so peers whose windows filled together reopen together, take a
+    burst, and close again (seen as a whole swarm refusing for several rounds every 2 s);
+    the bucket reopens for one exchange as soon as it has drained that much.
+
+    A peer that is not training (no step in the last second, or ``Peer.run`` has taken
+    its steps: finished, holding, waiting for peers) serves without this bound.
     ``max_share = 1`` turns it off.
     """
 
@@ -272,20 +281,20 @@ class ServingShare:
         self.window_s = float(window_s)
         self._active = active
         self._clock = clock if clock is not None else time.monotonic
-        self._spans: deque[tuple[float, float]] = deque()
-        self._busy = 0.0
+        self._level = 0.0
+        """Seconds of serving not yet drained."""
+        self._drained_at = float(self._clock())
         self.refused = 0
         """Exchanges refused to keep the share (reported in ``/v1/status``)."""
 
-    def _expire(self, now: float) -> None:
-        while self._spans and self._spans[0][0] < now - self.window_s:
-            _, seconds = self._spans.popleft()
-            self._busy -= seconds
+    def _drain(self, now: float) -> None:
+        self._level = max(0.0, self._level - (now - self._drained_at) * self.max_share)
+        self._drained_at = now
 
     def share(self) -> float:
-        """Serving time in the current window over the window's length."""
-        self._expire(self._clock())
-        return max(0.0, self._busy) / self.window_s
+        """The bucket's level over ``window_s``: serving is refused from ``max_share`` on."""
+        self._drain(self._clock())
+        return self._level / self.window_s
 
     def admit(self) -> bool:
         """Whether one more exchange may be served now (counts the refusals)."""
@@ -303,6 +312,5 @@ class ServingShare:
     def done(self, started: float) -> None:
         """Count an exchange served from ``started`` until now."""
         now = self._clock()
-        seconds = max(0.0, now - started)
-        self._spans.append((now, seconds))
-        self._busy += seconds
+        self._drain(now)
+        self._level += max(0.0, now - started)

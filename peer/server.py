@@ -224,8 +224,8 @@ def _digest_of(pieces: list[Any]) -> str:
 def _share_busy(share: ServingShare) -> Busy:
     """The refusal of an exchange beyond the serving share (``peer.admission.ServingShare``)."""
     return Busy(
-        f"serving took {share.share():.0%} of the last {share.window_s:g} s while this peer "
-        f"trains, the bound is {share.max_share:.0%}; retry later"
+        f"serving has taken {share.max_share:.0%} of this peer's time while it trains (the "
+        "bound, max_serving_share); retry later"
     )
 
 

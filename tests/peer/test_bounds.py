@@ -212,18 +212,36 @@ def test_serving_share_bounds_serving_time_while_training_only() -> None:
     clock, training = _Clock(), [True]
     share = ServingShare(0.5, lambda: training[0], window_s=2.0, clock=clock)
     started = share.start()
-    clock.now += 0.9  # 0.9 s of the 2 s window served: 45 %
+    clock.now += 0.9  # 0.9 s served; the bucket drains 0.5 s per s from then on
     share.done(started)
-    assert share.admit()
+    assert share.share() == pytest.approx(0.45) and share.admit()
     started = share.start()
-    clock.now += 0.2  # 1.1 s: 55 % > 50 %
+    clock.now += 0.2  # 0.9 - 0.1 drained + 0.2 served = 1.0 s: the bound (0.5 x 2 s)
     share.done(started)
+    assert share.share() == pytest.approx(0.5)
     assert not share.admit() and share.refused == 1
     training[0] = False  # a peer that does not train serves without the bound
     assert share.admit()
     training[0] = True
-    clock.now += 2.5  # the window slid past both spans
+    # drained 0.05 s: open again for one exchange at once (a sliding window of spans would
+    # reopen only when the first span leaves it, 2 s after it)
+    clock.now += 0.1
+    assert share.share() == pytest.approx(0.475) and share.admit()
+    clock.now += 2.5
     assert share.share() == 0.0 and share.admit()
+    # over a long stretch serving back to back, the time admitted is the share of it
+    clock = _Clock()
+    share = ServingShare(0.5, lambda: True, window_s=2.0, clock=clock)
+    served = 0.0
+    for _ in range(1000):  # every 10 ms a caller; an admitted exchange takes 10 ms
+        if share.admit():
+            started = share.start()
+            clock.now += 0.01
+            share.done(started)
+            served += 0.01
+        else:
+            clock.now += 0.01
+    assert 0.5 * 10 <= served <= 0.5 * (10 + 2) + 0.01  # 10 s: half, plus the 1 s allowance
     assert ServingShare(1.0, lambda: True).admit()
     for bad in (0, 1.5, True, "half"):
         with pytest.raises(LimitError, match="max_serving_share"):
