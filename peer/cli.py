@@ -164,9 +164,10 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     peer.add_argument(
         "--fanout",
         type=int,
-        default=1,
-        help="async: neighbours averaged with per round; a neighbour that answers busy "
-        "gives its place to another, at most 2 a round (default 1)",
+        default=None,
+        help="async: neighbours averaged with per round (default 1, and 2 for a "
+        "--client-only peer, which nobody calls); a neighbour that answers busy gives its "
+        "place to another, at most 2 a round",
     )
     peer.add_argument("--round-deadline-s", type=float, default=5.0, help="sync: round deadline")
     peer.add_argument("--seed", type=int, default=0)

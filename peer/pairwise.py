@@ -69,7 +69,9 @@ class PairwiseExchange(PeerCore):
         serving share is spent. A failed call keeps its place (the neighbour is
         suspected; trying others could hold the round for several timeouts)."""
         neighbours = self._neighbours()
-        wanted = min(self.config.fanout, len(neighbours))
+        fanout = self.config.fanout
+        assert fanout is not None  # resolved by PeerConfig
+        wanted = min(fanout, len(neighbours))
         retries = BUSY_RETRIES
         done = 0
         for member in self._rng.sample(neighbours, len(neighbours)):

@@ -54,6 +54,18 @@ def test_config_errors_name_the_field(field: str, value: object, message: str) -
         PeerConfig(**{"peer_id": "a", field: value})  # type: ignore[arg-type]
 
 
+def test_a_client_only_peer_calls_two_neighbours_a_round_unless_told() -> None:
+    from peer.config import CLIENT_ONLY_FANOUT
+
+    edge = ("127.0.0.1:7000",)
+    assert PeerConfig(peer_id="a").fanout == 1
+    assert PeerConfig(peer_id="a", client_only=True, join=edge).fanout == CLIENT_ONLY_FANOUT == 2
+    assert PeerConfig(peer_id="a", client_only=True, join=edge, fanout=1).fanout == 1
+    assert PeerConfig(peer_id="a", fanout=3).fanout == 3
+    with pytest.raises(ValueError, match="fanout"):
+        PeerConfig(peer_id="a", client_only=True, join=edge, fanout=0)
+
+
 def test_config_join_accepts_a_list_and_keeps_a_tuple() -> None:
     config = PeerConfig(peer_id="edge-7", join=["127.0.0.1:7000"], client_only=True)
     assert config.join == ("127.0.0.1:7000",)

@@ -150,6 +150,29 @@ async def test_client_only_peer_takes_part_through_its_own_calls() -> None:
         assert server.membership.neighbours() == []  # never called back
 
 
+async def test_a_client_only_peer_averages_with_two_neighbours_a_round() -> None:
+    """Nobody calls it, so by default it calls two neighbours a round, one after the other:
+    it ends at the three models' pairwise averages, the mass of the three conserved."""
+    async with (
+        started_peer("a", seed=0) as a,
+        started_peer("b", seed=1, join=(a.address,), fetch_state=False) as b,
+        started_peer(
+            "edge", seed=2, client_only=True, join=(a.address, b.address), fetch_state=False
+        ) as edge,
+    ):
+        assert edge.config.fanout == 2 and a.config.fanout == 1
+        x = {p.peer_id: p.flat.vector.clone() for p in (a, b, edge)}
+        assert await edge.gossip() == 2
+        assert a.membership.get("edge") is not None and b.membership.get("edge") is not None
+        # one after the other: the first partner holds (edge + first) / 2, the edge and the
+        # second partner the average of that and the second
+        first, second = (a, b) if not torch.equal(a.flat.vector, edge.flat.vector) else (b, a)
+        once = (x["edge"] + x[first.peer_id]) / 2
+        torch.testing.assert_close(first.flat.vector, once)
+        torch.testing.assert_close(edge.flat.vector, (once + x[second.peer_id]) / 2)
+        assert torch.equal(second.flat.vector, edge.flat.vector)
+
+
 async def test_wrong_secret_cannot_join() -> None:
     async with started_peer("a") as a:
         with pytest.raises(ConnectionError, match="unauthorized"):
@@ -227,6 +250,7 @@ async def test_a_busy_neighbours_place_goes_to_the_next_one_in_the_round() -> No
                 "edge",
                 seed=9,
                 client_only=True,
+                fanout=1,
                 join=tuple(p.address for p in [good, *full]),
                 fetch_state=False,
             )
