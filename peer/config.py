@@ -96,7 +96,8 @@ class PeerConfig:
         fanout: async mode: neighbours averaged with per round. ``None``: 1, or
             :data:`CLIENT_ONLY_FANOUT` for a ``client_only`` peer (nobody calls it, so it
             averages only through its own calls; a listening peer is also called about as
-            often as it calls). After construction it holds the number.
+            often as it calls). After construction an async peer's holds the number; in
+            sync mode it must be left ``None`` (an error otherwise).
         round_deadline_s: sync mode: how long a round waits for neighbours.
         seed: seeds neighbour choice (with the peer id) and data order.
         topology: neighbours from a ``topologies`` graph or schedule over ``peer_list``
@@ -210,9 +211,7 @@ class PeerConfig:
             )
         _int("max_concurrent_exchanges", self.max_concurrent_exchanges, 1)
         self._check_topology()
-        if self.fanout is None:
-            object.__setattr__(self, "fanout", CLIENT_ONLY_FANOUT if self.client_only else 1)
-        _int("fanout", self.fanout, 1)
+        self._check_fanout()
         _positive("round_deadline_s", self.round_deadline_s)
         _positive("request_timeout_s", self.request_timeout_s)
         _int("seed", self.seed, 0)
@@ -249,6 +248,19 @@ class PeerConfig:
             )
         if self.client_only and self.join == ():
             raise ValueError("PeerConfig.join must name at least one peer when client_only is set")
+
+    def _check_fanout(self) -> None:
+        """``fanout`` is an async setting: resolved there, an error in sync mode."""
+        if self.mode == "sync":
+            if self.fanout is not None:
+                raise ValueError(
+                    f"PeerConfig.fanout: async mode only ({self.algorithm} rounds exchange with "
+                    f"every neighbour, or the topology's); got {self.fanout!r}, leave it unset"
+                )
+            return
+        if self.fanout is None:
+            object.__setattr__(self, "fanout", CLIENT_ONLY_FANOUT if self.client_only else 1)
+        _int("fanout", self.fanout, 1)
 
     def _check_algorithm(self) -> None:
         """Resolve algorithm and mode, then the one shared validation of the settings."""

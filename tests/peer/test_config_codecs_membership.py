@@ -64,6 +64,10 @@ def test_a_client_only_peer_calls_two_neighbours_a_round_unless_told() -> None:
     assert PeerConfig(peer_id="a", fanout=3).fanout == 3
     with pytest.raises(ValueError, match="fanout"):
         PeerConfig(peer_id="a", client_only=True, join=edge, fanout=0)
+    # sync rounds exchange with every neighbour: a fanout there is an error, not ignored
+    assert PeerConfig(peer_id="a", mode="sync").fanout is None
+    with pytest.raises(ValueError, match=r"PeerConfig\.fanout: async mode only \(dpsgd rounds"):
+        PeerConfig(peer_id="a", mode="sync", fanout=1)
 
 
 def test_config_join_accepts_a_list_and_keeps_a_tuple() -> None:

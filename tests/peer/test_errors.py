@@ -86,6 +86,14 @@ def test_a_bad_peer_args_value_is_found_before_any_peer_or_the_baseline(tmp_path
     assert not run_dir.exists()
 
 
+def test_a_fanout_on_a_sync_peer_is_refused_naming_the_flag() -> None:
+    result = gossipnet("peer", "--id", "a", "--mode", "sync", "--fanout", "2", *WORKLOAD)
+    assert one_error_line(result) == (
+        "gossipnet peer: error: --fanout: async mode only (dpsgd rounds exchange with every "
+        "neighbour, or the topology's); got 2, leave it unset"
+    )
+
+
 def test_an_invalid_choice_lists_the_allowed_values_in_the_one_format() -> None:
     assert one_error_line(gossipnet("peer", "--id", "a", "--mode", "gossip")) == (
         "gossipnet peer: error: --mode: invalid choice 'gossip'; allowed: async, sync"
