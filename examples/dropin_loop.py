@@ -34,6 +34,13 @@ from workloads import load_dataset, partition
 DATASET = "synthetic:num_samples=1200,seed=0"
 
 
+def say(line: str) -> None:
+    """One line in one write: both peers share this terminal (or pipe), and ``print`` writes
+    the text and its newline apart when output is unbuffered, so lines could interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def model_for(inputs: int, classes: int) -> nn.Module:
     return nn.Sequential(
         nn.Linear(inputs, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, classes)
@@ -72,17 +79,14 @@ def train(peer_id: str, join: tuple[str, ...], epochs: int) -> None:
                 scheduler.step()
             result = swarm.evaluate(data.x_test, data.y_test, F.cross_entropy)
             status = swarm.status()
-            print(
+            say(
                 f"{peer_id}: epoch {epoch + 1}  step {status['step']}  loss {status['loss']:.3f}  "
                 f"test acc {result['accuracy']:.2f}  lr {scheduler.get_last_lr()[0]:.3f}  "
-                f"exchanges {status['exchanges']['ok']} ok",
-                flush=True,
+                f"exchanges {status['exchanges']['ok']} ok"
             )
         with swarm.lock:
             statistics = model[1].running_mean[:3].tolist()  # type: ignore[index]
-        print(
-            f"{peer_id}: BatchNorm running_mean[:3] {[round(v, 4) for v in statistics]}", flush=True
-        )
+        say(f"{peer_id}: BatchNorm running_mean[:3] {[round(v, 4) for v in statistics]}")
         if helper is not None and helper.wait(timeout=120) != 0:
             sys.exit(f"peer b failed with exit code {helper.returncode}")
 
