@@ -35,7 +35,7 @@ SIMULATOR_ONLY = tuple(name for name in GOSSIP_ALGORITHMS if name not in ALGORIT
 CLIENT_ONLY_FANOUT = 2
 """An async client-only peer's default ``fanout``: AD-PSGD averages a peer when it calls
 and when it is called, and a listening peer is called about once a round; a peer nobody can
-call makes up for it with a second call. With one call a round it ended 0.03-0.07 below the
+call makes up for it with a second call. With one call a round it ended 0.05-0.09 below the
 others' test accuracy in 4-peer launches; with two, level with them (docs/peer.md)."""
 GOSSIP_FIELDS = ("order", "local_steps", "aggregator", "compressor", "consensus_step")
 """PeerConfig fields that are ``gossip.GossipConfig`` fields of the same name."""
