@@ -57,6 +57,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from workloads.device import resolve_device
+
 SECRET = b"bench-swarm-secret-0123456789"
 
 
@@ -319,22 +321,6 @@ def time_gloo(numel: int, repeats: int) -> tuple[list[float], float]:
     return results[0][1], sum(cpu for _, _, cpu in results) / repeats
 
 
-def _device(name: str, parser: argparse.ArgumentParser) -> str:
-    """``--device``, checked before anything starts: a CUDA device must exist here."""
-    if name != "cpu" and not (name == "cuda" or name.startswith("cuda:")):
-        parser.error(f"--device: got {name!r}; allowed: cpu, cuda, cuda:I")
-    if name == "cpu":
-        return name
-    if not torch.cuda.is_available():
-        parser.error(f"--device {name}: no CUDA device here (torch.cuda.is_available() is False)")
-    index = name.partition(":")[2]
-    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-        parser.error(
-            f"--device: got {name!r}; this machine has cuda:0-{torch.cuda.device_count() - 1}"
-        )
-    return name
-
-
 def _device_name(device: str) -> str:
     if device == "cpu":
         return "models on cpu"
@@ -351,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device",
         default="cpu",
-        help="where both peers' models live: cpu (default), cuda or cuda:I (gloo's reference "
+        help="where both peers' models live: cpu (default), auto, cuda or cuda:I (gloo's reference "
         "moves host tensors either way)",
     )
     args = parser.parse_args(argv)
@@ -364,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must all be > 0")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    device = _device(args.device, parser)
+    try:  # the one device parser of both runners, checked before anything starts
+        device = str(resolve_device(args.device))
+    except ValueError as error:
+        parser.error(f"--device: {error}")
     columns = ["signed", "open"] + ([] if args.no_tls else ["TLS"])
     print(
         f"# bench/exchange.py, {datetime.date.today()}, {os.cpu_count()} cores, "

@@ -24,16 +24,16 @@ def bench() -> ModuleType:
 @pytest.mark.parametrize(
     ("device", "message"),
     [
-        ("tpu", "--device: got 'tpu'; allowed: cpu, cuda, cuda:I"),
-        ("cuda:x", "--device: got 'cuda:x'"),
-        ("cuda:99", "--device: got 'cuda:99'"),
+        ("tpu", "--device: device must be auto, cpu, cuda or cuda:INDEX, got 'tpu'"),
+        ("cuda:x", "--device: device must be auto, cpu, cuda or cuda:INDEX, got 'cuda:x'"),
+        ("cuda:99", "--device: device 'cuda:99': index must be < "),
     ],
 )
 def test_a_device_that_cannot_be_used_is_refused_naming_the_flag(
     device: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if device != "tpu" and not torch.cuda.is_available():
-        message = f"--device {device}: no CUDA device here"
+    if device == "cuda:99" and not torch.cuda.is_available():
+        message = "--device: device 'cuda:99': CUDA is not available on this machine"
     with pytest.raises(SystemExit) as exited:
         bench().main(["--device", device, "--sizes", "1"])
     assert exited.value.code == 2
@@ -48,4 +48,4 @@ def test_cuda_without_a_gpu_is_refused_before_anything_starts(
         bench().main(["--device", "cuda"])
     assert exited.value.code == 2
     err = capsys.readouterr()
-    assert "--device cuda: no CUDA device here" in err.err and "gloo" not in err.out
+    assert "--device: device 'cuda': CUDA is not available" in err.err and "gloo" not in err.out
