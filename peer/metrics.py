@@ -10,6 +10,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from peer.membership import STATUSES
 
+EXCHANGE_PHASES = (
+    ("caller", "round_trip"),
+    ("caller", "adopt"),
+    ("callee", "receive"),
+    ("callee", "check"),
+    ("callee", "answer"),
+)
+"""The ``(role, phase)`` labels of ``gossipnet_exchange_phase_seconds``, in exchange order."""
+
 
 class PeerMetrics:
     """Counters and gauges of one peer, rendered by :meth:`render` as Prometheus text."""
@@ -41,6 +50,17 @@ class PeerMetrics:
             registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
         )
+        self.exchange_phase_seconds = Histogram(
+            "gossipnet_exchange_phase_seconds",
+            "Wall time of each phase of an exchange (POST /v1/exchange) that succeeded, by "
+            "role: caller (async mode) 'round_trip' (from the call to the answer's last "
+            "byte) and 'adopt' (decoding the answer and mixing it in); callee 'receive' "
+            "(admission and the request's body), 'check' (decoding and validating it) and "
+            "'answer' (averaging and writing the answer)",
+            ["role", "phase"],
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+        ).labels
         self.round = Gauge("gossipnet_round", "Current gossip round", registry=self.registry)
         self.byzantine = Gauge(
             "gossipnet_byzantine",
@@ -78,6 +98,18 @@ class PeerMetrics:
     def bytes_total(self, direction: str) -> int:
         value = self.registry.get_sample_value("gossipnet_bytes_total", {"direction": direction})
         return int(value or 0)
+
+    def phase_totals(self) -> dict[tuple[str, str], tuple[float, int]]:
+        """``{(role, phase): (seconds, exchanges)}`` summed over the exchanges observed so far
+        (``gossipnet_exchange_phase_seconds``; benches difference two readings)."""
+        out: dict[tuple[str, str], tuple[float, int]] = {}
+        for role, phase in EXCHANGE_PHASES:
+            labels = {"role": role, "phase": phase}
+            name = "gossipnet_exchange_phase_seconds"
+            total = self.registry.get_sample_value(f"{name}_sum", labels) or 0.0
+            count = self.registry.get_sample_value(f"{name}_count", labels) or 0.0
+            out[role, phase] = (total, int(count))
+        return out
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this peer's registry."""

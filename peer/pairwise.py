@@ -163,6 +163,7 @@ class PairwiseExchange(PeerCore):
                 )
                 if growing is not None:
                     await growing.ready(growing.nbytes)  # the snapshot is whole
+                answer_read = time.perf_counter()
                 await in_thread(self._mix_answer, reply, sent)
             except RemoteRefused as error:
                 if error.code in ALIVE_REFUSALS:  # full (e.g. averaging with us as the callee)
@@ -185,7 +186,11 @@ class PairwiseExchange(PeerCore):
         self.membership.record_success(member.id)
         self.metrics.exchanges(role="caller", outcome="ok").inc()
         self.health.record(ok=1)
-        self.metrics.exchange_seconds.observe(time.perf_counter() - started)
+        ended = time.perf_counter()
+        self.metrics.exchange_seconds.observe(ended - started)
+        phase = self.metrics.exchange_phase_seconds
+        phase(role="caller", phase="round_trip").observe(answer_read - started)
+        phase(role="caller", phase="adopt").observe(ended - answer_read)
         return "ok"
 
     def _mix_answer(self, reply: Envelope, sent: torch.Tensor) -> None:

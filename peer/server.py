@@ -398,6 +398,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         started = 0.0
         arena = None
         length = request.content_length
+        entered = time.perf_counter()
         try:
             with budget.account() as account:
                 verifier = service.verifier
@@ -445,13 +446,21 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
                     )
                     started = _take_exchange_slot()
                     slot = True
-                reply = await _exchange(obj)
+                received = time.perf_counter()
+                envelope, vector = await _decode_request(obj)
+                checked = time.perf_counter()
+                reply = await service.on_exchange(envelope, vector)
                 response = await _send_envelope(request, reply, nonce, stream)
                 # ok: averaged and answered whole; unanswered: averaged, but the caller did
                 # not take the answer (it applies nothing: the pair's sum moved); failed:
                 # the answer failed before it was whole (the model is unchanged)
                 outcome = request.get(ANSWERED, "ok")
                 service.metrics.exchanges(role="callee", outcome=outcome).inc()
+                if outcome == "ok":
+                    phase = service.metrics.exchange_phase_seconds
+                    phase(role="callee", phase="receive").observe(received - entered)
+                    phase(role="callee", phase="check").observe(checked - received)
+                    phase(role="callee", phase="answer").observe(time.perf_counter() - checked)
                 return response
         except ProtocolError as error:
             return _sign(_refused(request, error), nonce)
@@ -497,7 +506,8 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
 
-    async def _exchange(obj: Any) -> Envelope:
+    async def _decode_request(obj: Any) -> tuple[Envelope, torch.Tensor]:
+        """The request's envelope and its validated vector (a typed error refuses it)."""
         try:
             envelope = check_envelope(obj, codecs=service.codecs)
             if envelope.sender == service.peer_id:
@@ -507,7 +517,7 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
         except ProtocolError:
             service.metrics.exchanges(role="callee", outcome="refused").inc()
             raise
-        return await service.on_exchange(envelope, vector)
+        return envelope, vector
 
     async def state_endpoint(request: web.Request) -> web.StreamResponse:
         """``GET /v1/state``: verified whole before anything (it has no body), then it waits

@@ -17,6 +17,7 @@ import torch
 
 from peer import auth
 from peer.body import poly1305_tag
+from peer.metrics import EXCHANGE_PHASES
 from peer.node import Peer
 from peer.wire import ModelSpec, pack_envelope
 
@@ -232,3 +233,35 @@ async def test_an_answer_taken_whole_is_counted_ok() -> None:
             await response.read()
         assert await _counted(callee, "ok") == 1
         assert _callee_exchanges(callee, "unanswered") == 0
+
+
+@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+async def test_each_phase_of_an_exchange_is_timed_on_its_side_and_refusals_in_none() -> None:
+    """One successful exchange adds one observation to each of the caller's phases on the
+    caller and each of the callee's on the callee (``gossipnet_exchange_phase_seconds``);
+    a request the callee refuses adds none."""
+    async with (
+        started_peer("callee", seed=1, secret=None) as callee,
+        started_peer(
+            "caller", seed=2, secret=None, join=(callee.address,), fetch_state=False
+        ) as caller,
+    ):
+        assert await caller.gossip() == 1
+        assert await _counted(callee, "ok") == 1
+        totals = {"caller": caller.metrics.phase_totals(), "callee": callee.metrics.phase_totals()}
+        for role, phase in EXCHANGE_PHASES:
+            seconds, count = totals[role][role, phase]
+            assert count == 1 and seconds > 0, (role, phase)
+            other = "callee" if role == "caller" else "caller"
+            assert totals[other][role, phase] == (0.0, 0), (role, phase)
+        rendered = callee.render_metrics().decode()
+        assert 'gossipnet_exchange_phase_seconds_count{phase="check",role="callee"} 1.0' in rendered
+
+        body = pack_envelope_of(torch.full((callee.spec.numel,), float("nan")))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://{callee.address}/v1/exchange", data=body) as response,
+        ):
+            assert response.status == 422
+            assert (await response.json())["error"] == "non_finite"
+        assert callee.metrics.phase_totals() == totals["callee"]
