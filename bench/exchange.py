@@ -25,10 +25,14 @@ this over the number of cores, whatever overlaps.
 Median of ``--repeats`` after one warm-up. RSS, in copies of the model, for the caller and
 the callee process: ``held+peak``, what the process holds once its peer started (beyond its
 imports) and the peak growth beyond that while exchanging (the kernel's VmHWM, reset at
-start); docs/protocol.md, "Memory", states the counts. Run::
+start); docs/protocol.md, "Memory", states the counts. ``--phases`` adds a table of the
+mean of each phase of an exchange as the two peers time it
+(``gossipnet_exchange_phase_seconds``: the caller's round trip and adoption, the callee's
+receive, check and answer). Run::
 
     .venv/bin/python bench/exchange.py               # 1, 4, 16, 64, 256 MB
     .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7
+    .venv/bin/python bench/exchange.py --sizes 64 --phases   # + where the time goes
     .venv/bin/python bench/exchange.py --device cuda   # on a machine with a GPU
 """
 
@@ -57,6 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from peer.metrics import EXCHANGE_PHASES
 from workloads.device import resolve_device
 
 SECRET = b"bench-swarm-secret-0123456789"
@@ -150,14 +155,16 @@ def _serve(
         queue.put(peer.address)
         await asyncio.to_thread(timing[0].wait)  # after the caller's warm-up exchange
         cpu = _cpu_seconds()
+        phases = peer.metrics.phase_totals()
         await asyncio.to_thread(timing[1].wait)  # the timed exchanges are done
         cpu = _cpu_seconds() - cpu
         while not stop.is_set():
             await asyncio.sleep(0.05)
+        phases = _phase_means(phases, peer.metrics.phase_totals())
         peak = _peak_rss_bytes() - started
         digest = _digest(peer)
         await peer.stop()
-        queue.put((held, peak, digest, cpu))
+        queue.put((held, peak, digest, cpu, phases))
 
     asyncio.run(main())
 
@@ -179,6 +186,7 @@ def _call(
     peak: list[int] = []
     digests: list[str] = []
     cpu: list[float] = []
+    phases: list[Any] = []
 
     async def main() -> list[float]:
         caller = _peer(
@@ -193,11 +201,13 @@ def _call(
                 if i == 1:  # after the warm-up: both sides count processor time
                     timing[0].set()
                     cpu.append(_cpu_seconds())
+                    phases.append(caller.metrics.phase_totals())
                 started = time.perf_counter()
                 if await caller.gossip() != 1:
                     raise RuntimeError("exchange failed")
                 times.append(time.perf_counter() - started)
             cpu[0] = _cpu_seconds() - cpu[0]
+            phases[0] = _phase_means(phases[0], caller.metrics.phase_totals())
             peak.append(_peak_rss_bytes() - memory[1])
             digests.append(_digest(caller))
         finally:
@@ -207,14 +217,29 @@ def _call(
         return times[1:]
 
     times = asyncio.run(main())
-    queue.put((statistics.median(times), (memory[0], peak[0]), digests[0], cpu[0]))
+    queue.put((statistics.median(times), (memory[0], peak[0]), digests[0], cpu[0], phases[0]))
+
+
+def _phase_means(
+    before: dict[tuple[str, str], tuple[float, int]],
+    after: dict[tuple[str, str], tuple[float, int]],
+) -> dict[tuple[str, str], float]:
+    """Mean seconds of each phase observed between two readings of
+    ``PeerMetrics.phase_totals`` (the phases this side timed)."""
+    means = {}
+    for key, (seconds, count) in after.items():
+        earlier_seconds, earlier_count = before.get(key, (0.0, 0))
+        if count > earlier_count:
+            means[key] = (seconds - earlier_seconds) / (count - earlier_count)
+    return means
 
 
 def time_peer(
     numel: int, secret: bytes | None, repeats: int, tls: dict[str, str]
-) -> tuple[float, tuple[int, int], tuple[int, int], float]:
+) -> tuple[float, tuple[int, int], tuple[int, int], float, dict[tuple[str, str], float]]:
     """(median seconds per exchange, caller's and callee's (held, peak while exchanging)
-    resident bytes, processor seconds per exchange of both). Raises unless both models are
+    resident bytes, processor seconds per exchange of both, mean seconds of each phase of
+    an exchange, ``gossipnet_exchange_phase_seconds``). Raises unless both models are
     bit-identical after the exchanges (with lr = 0 both hold the pair's average)."""
     context = mp.get_context("spawn")
     queue: Queue[Any] = context.Queue()
@@ -228,13 +253,14 @@ def time_peer(
             target=_call, args=(numel, secret, tls, address, repeats, results, timing)
         )
         caller.start()
-        seconds, caller_rss, caller_digest, caller_cpu = results.get(timeout=1800)
+        seconds, caller_rss, caller_digest, caller_cpu, caller_phases = results.get(timeout=1800)
         caller.join(timeout=60)
         stop.set()
-        held, peak, callee_digest, callee_cpu = queue.get(timeout=120)
+        held, peak, callee_digest, callee_cpu, callee_phases = queue.get(timeout=120)
         if caller_digest != callee_digest:  # lr = 0: both must hold the pair's average
             raise RuntimeError("after the exchanges the two models differ")
-        return seconds, caller_rss, (held, peak), (caller_cpu + callee_cpu) / repeats
+        cpu = (caller_cpu + callee_cpu) / repeats
+        return seconds, caller_rss, (held, peak), cpu, {**caller_phases, **callee_phases}
     finally:
         stop.set()
         server.join(timeout=60)
@@ -335,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed exchanges per size (median)")
     parser.add_argument("--no-tls", action="store_true", help="leave out the TLS column")
     parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="after the table, where each configuration's time goes: the mean of each phase "
+        "of an exchange as the two peers time it (gossipnet_exchange_phase_seconds)",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         help="where both peers' models live: cpu (default), auto, cuda or cuda:I (gloo's reference "
@@ -366,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         header += f"  {column + ' ms':>10}  {'MB/s':>6}  {'x gloo':>6}  {'CPU ms':>6}  {'RSS':>15}"
     print(header)
     print("-" * len(header))
+    timed: list[tuple[float, str, float, dict[tuple[str, str], float]]] = []
     with tempfile.TemporaryDirectory() as directory:
         tls = make_certificate(Path(directory)) if not args.no_tls else {}
         on = {"device": device}
@@ -378,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for column in columns:
                 secret, extra = settings[column]
-                seconds, caller_rss, callee_rss, cpu = time_peer(numel, secret, args.repeats, extra)
+                seconds, caller_rss, callee_rss, cpu, phases = time_peer(
+                    numel, secret, args.repeats, extra
+                )
+                timed.append((size, column, seconds, phases))
                 copies = "/".join(
                     f"{held / model_bytes:.1f}+{peak / model_bytes:.1f}"
                     for held, peak in (caller_rss, callee_rss)
@@ -395,7 +431,28 @@ def main(argv: list[str] | None = None) -> int:
                     f"{seconds / gloo:>6.2f}  {cpu * 1e3:>6.1f}  {copies:>15}"
                 )
             print(line, flush=True)
+    if args.phases:
+        print_phases(timed)
     return 0
+
+
+def print_phases(timed: list[tuple[float, str, float, dict[tuple[str, str], float]]]) -> None:
+    """The mean of each phase of an exchange (ms), per size and configuration: the caller's
+    round trip holds the callee's three phases and the loopback's share; then the caller
+    adopts the answer."""
+    print(
+        "\n# where the time goes: mean ms of each phase (gossipnet_exchange_phase_seconds); "
+        "caller round_trip = callee receive + check + answer + the rest of the round trip"
+    )
+    names = [f"{role} {phase}" for role, phase in EXCHANGE_PHASES]
+    header = f"{'MB':>5}  {'config':>6}  {'median':>7}" + "".join(f"  {n:>17}" for n in names)
+    print(header)
+    print("-" * len(header))
+    for size, column, seconds, phases in timed:
+        line = f"{size:>5g}  {column:>6}  {seconds * 1e3:>7.1f}"
+        for key in EXCHANGE_PHASES:
+            line += f"  {phases[key] * 1e3:>17.1f}" if key in phases else f"  {'-':>17}"
+        print(line)
 
 
 if __name__ == "__main__":

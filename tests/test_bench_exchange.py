@@ -49,3 +49,18 @@ def test_cuda_without_a_gpu_is_refused_before_anything_starts(
     assert exited.value.code == 2
     err = capsys.readouterr()
     assert "--device: device 'cuda': CUDA is not available" in err.err and "gloo" not in err.out
+
+
+def test_phase_means_are_taken_over_the_exchanges_between_two_readings() -> None:
+    """Only what was observed after the first reading counts (the warm-up is left out), and
+    a phase this side never timed is left out rather than shown as zero."""
+    before = {("caller", "round_trip"): (0.5, 1), ("caller", "adopt"): (0.1, 1)}
+    after = {
+        ("caller", "round_trip"): (0.5 + 3 * 0.02, 4),
+        ("caller", "adopt"): (0.1 + 3 * 0.004, 4),
+        ("callee", "check"): (0.0, 0),
+    }
+    means = bench()._phase_means(before, after)
+    assert means.keys() == {("caller", "round_trip"), ("caller", "adopt")}
+    assert means["caller", "round_trip"] == pytest.approx(0.02)
+    assert means["caller", "adopt"] == pytest.approx(0.004)
