@@ -154,6 +154,9 @@ def _serve(
         held, started = _memory(baseline)
         queue.put(peer.address)
         await asyncio.to_thread(timing[0].wait)  # after the caller's warm-up exchange
+        # the warm-up is timed once its answer is written (or never, if it failed)
+        while peer.metrics.phase_totals()["callee", "answer"][1] < 1 and not stop.is_set():
+            await asyncio.sleep(0.001)
         cpu = _cpu_seconds()
         phases = peer.metrics.phase_totals()
         await asyncio.to_thread(timing[1].wait)  # the timed exchanges are done

@@ -18,6 +18,9 @@ EXCHANGE_PHASES = (
     ("callee", "answer"),
 )
 """The ``(role, phase)`` labels of ``gossipnet_exchange_phase_seconds``, in exchange order."""
+SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+"""Histogram buckets of the exchange timings (a loopback exchange of a small model to a
+slow network's large one)."""
 
 
 class PeerMetrics:
@@ -48,7 +51,7 @@ class PeerMetrics:
             "gossipnet_exchange_seconds",
             "Wall time of one outgoing exchange (round trip, validation, mixing)",
             registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+            buckets=SECONDS_BUCKETS,
         )
         self.exchange_phase_seconds = Histogram(
             "gossipnet_exchange_phase_seconds",
@@ -59,7 +62,7 @@ class PeerMetrics:
             "'answer' (averaging and writing the answer)",
             ["role", "phase"],
             registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+            buckets=SECONDS_BUCKETS,
         ).labels
         self.round = Gauge("gossipnet_round", "Current gossip round", registry=self.registry)
         self.byzantine = Gauge(
@@ -102,10 +105,10 @@ class PeerMetrics:
     def phase_totals(self) -> dict[tuple[str, str], tuple[float, int]]:
         """``{(role, phase): (seconds, exchanges)}`` summed over the exchanges observed so far
         (``gossipnet_exchange_phase_seconds``; benches difference two readings)."""
+        name = "gossipnet_exchange_phase_seconds"
         out: dict[tuple[str, str], tuple[float, int]] = {}
         for role, phase in EXCHANGE_PHASES:
             labels = {"role": role, "phase": phase}
-            name = "gossipnet_exchange_phase_seconds"
             total = self.registry.get_sample_value(f"{name}_sum", labels) or 0.0
             count = self.registry.get_sample_value(f"{name}_count", labels) or 0.0
             out[role, phase] = (total, int(count))
