@@ -3,7 +3,7 @@ its own training it keeps while it serves.
 
 For each slot bound ``C`` (``--slots``), a callee process runs an async peer (AD-PSGD, codec
 ``none``, plain SGD: no optimizer state) whose model is an MLP of about ``--numel`` float32
-parameters, training back to back in its round loop, served by ``peer.server.make_runner``.
+parameters, training back to back in its round loop, served by ``peer.transport.server.make_runner``.
 This process then runs, for ``--seconds`` each, an idle period and one period per caller
 count (``--callers``): that many concurrent callers, each sending stream-signed exchanges
 (``POST /v1/exchange``, a model-sized body with its Poly1305 tag) back to back and reading
@@ -112,9 +112,9 @@ def _warm_up_torch() -> None:
 async def _callee(numel: int, slots: int) -> None:
     from aiohttp import web
 
-    from peer.config import PeerConfig
-    from peer.node import Peer
-    from peer.server import make_runner
+    from peer.node.config import PeerConfig
+    from peer.node.peer import Peer
+    from peer.transport.server import make_runner
 
     _warm_up_torch()
     baseline = _rss_bytes()
@@ -247,11 +247,11 @@ async def _callers(callee: Callee, count: int, seconds: float) -> dict[str, int]
     """``count`` concurrent callers exchanging back to back for ``seconds``."""
     import aiohttp
 
-    from peer import auth
-    from peer.body import EnvelopeBody
-    from peer.client import EXPECT_CONTINUE_BYTES
-    from peer.codecs import DenseCodec
-    from peer.wire import Envelope, envelope_object
+    from peer.protocol import auth
+    from peer.protocol.codecs import DenseCodec
+    from peer.protocol.wire import Envelope, envelope_object
+    from peer.transport.body import EnvelopeBody
+    from peer.transport.client import EXPECT_CONTINUE_BYTES
 
     payload = DenseCodec().encode(torch.full((callee.numel,), 0.5))
     outcomes = {"served": 0, "busy": 0, "other": 0}
@@ -359,8 +359,8 @@ def serving_bound(slots: int, model_bytes: int) -> float:
     two per slot (the request's buffer, the answer), the validation masks of the exchanges
     being checked (1/4 each, float32), one averaging temporary (one exchange at a time
     averages, under the model lock), and the part that does not scale with the model
-    (``peer.admission.fixed_memory_bytes``: connection buffers, the unauthenticated budget)."""
-    from peer.admission import ServerLimits, default_max_connections, fixed_memory_bytes
+    (``peer.transport.admission.fixed_memory_bytes``: connection buffers, the unauthenticated budget)."""
+    from peer.transport.admission import ServerLimits, default_max_connections, fixed_memory_bytes
 
     limits = ServerLimits(
         max_concurrent_exchanges=slots, max_connections=default_max_connections(slots)

@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from peer.metrics import EXCHANGE_PHASES
+from peer.node.metrics import EXCHANGE_PHASES
 from workloads.device import resolve_device
 
 SECRET = b"bench-swarm-secret-0123456789"
@@ -79,8 +79,8 @@ class FlatModel(torch.nn.Module):
 
 
 def _peer(peer_id: str, numel: int, secret: bytes | None, **config: Any) -> Any:
-    from peer.config import PeerConfig
-    from peer.node import Peer
+    from peer.node.config import PeerConfig
+    from peer.node.peer import Peer
 
     torch.manual_seed(len(peer_id))
     return Peer(
@@ -144,7 +144,7 @@ def _serve(
     timing: tuple[Event, Event],
 ) -> None:
     _quiet()
-    import peer.node  # noqa: F401  (imports before the baseline)
+    import peer.node.peer  # noqa: F401  (imports before the baseline)
 
     baseline = _rss_bytes()
 
@@ -182,7 +182,7 @@ def _call(
     timing: tuple[Event, Event],
 ) -> None:
     _quiet()
-    import peer.node  # noqa: F401
+    import peer.node.peer  # noqa: F401
 
     baseline = _rss_bytes()
     memory = (0, 0)

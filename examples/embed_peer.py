@@ -17,8 +17,8 @@ from contextlib import AsyncExitStack
 
 import torch
 
-from peer.config import PeerConfig
-from peer.node import Peer
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 from workloads import build_model, load_dataset, partition, peer_batches
 
 

@@ -1,6 +1,6 @@
 """One validation of a decentralized algorithm's configuration, for both runners.
 
-The simulator's ``[algorithm]`` table and the peer's :class:`~peer.config.PeerConfig` both
+The simulator's ``[algorithm]`` table and the peer's :class:`~peer.node.config.PeerConfig` both
 hand the same few settings to :class:`GossipConfig` at construction, and build the rule with
 :func:`build_algorithm`. So a configuration that cannot work is refused before anything
 starts, with the same reason in either runner, and a setting that the chosen algorithm does

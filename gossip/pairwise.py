@@ -42,7 +42,7 @@ Runners: the simulator calls :meth:`PairwiseGossip.exchange` (or :func:`pairwise
 on a batch of disjoint pairs ``[m, 2]`` at once (callers in column 0, callees in column 1,
 codec on the batched path ``compress(x, generator).values``), or
 :meth:`PairwiseGossip.exchange_rows` on the pairs' rows it has gathered itself; a peer calls
-the two halves for itself around its wire codec (``peer.pairwise``).
+the two halves for itself around its wire codec (``peer.node.pairwise``).
 
 >>> import torch
 >>> rule = PairwiseGossip()

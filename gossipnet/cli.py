@@ -1,11 +1,11 @@
 """The ``gossipnet`` command: a thin dispatcher over subcommands.
 
 Each subcommand's code lives in the package it drives (``topologies.cli``,
-``sim.cli``, ``peer.cli``, ``peer.export``) and exposes ``main(argv, prog) -> int``. The
+``sim.cli``, ``peer.app.cli``, ``peer.app.export``) and exposes ``main(argv, prog) -> int``. The
 dispatcher imports a subcommand's module only when that subcommand runs, so
 ``gossipnet --help`` answers instantly and an edge install that lacks the
 simulator's extras still runs ``gossipnet peer``. A mistake on this level (an unknown
-subcommand) is one line in the format every subcommand uses (:mod:`peer.usage`):
+subcommand) is one line in the format every subcommand uses (:mod:`peer.app.usage`):
 ``gossipnet: error: COMMAND: invalid choice 'x'; allowed: demo, peer, ...``.
 """
 
@@ -45,27 +45,27 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         Subcommand(
             "demo",
             "a 4-peer swarm on MNIST-1D in about a minute (launch with good defaults)",
-            "peer.launch:demo_main",
+            "peer.app.launch:demo_main",
         ),
         Subcommand(
             "peer",
             "run one networked peer: listen, join a swarm, train on a shard, gossip",
-            "peer.cli:main",
+            "peer.app.cli:main",
         ),
         Subcommand(
             "launch",
             "run a local swarm of N peer processes: live table, accuracy vs centralized",
-            "peer.launch:main",
+            "peer.app.launch:main",
         ),
         Subcommand(
             "export",
             "write a model you can take home from checkpoints (one peer's, or the swarm's average)",
-            "peer.export:main",
+            "peer.app.export:main",
         ),
         Subcommand(
             "status",
             "show a running peer's /v1/status (readable, or --json)",
-            "peer.status:main",
+            "peer.app.status:main",
         ),
         Subcommand(
             "sim",
@@ -95,7 +95,7 @@ class _Parser(argparse.ArgumentParser):
     """Errors as one line, ``gossipnet: error: WHAT; allowed: ...``, exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        from peer.usage import exit_with  # only on this error path: --help stays instant
+        from peer.app.usage import exit_with  # only on this error path: --help stays instant
 
         exit_with(self.prog, message)
 

@@ -70,7 +70,7 @@ def test_every_subcommand_resolves_to_a_main_function() -> None:
 
 def test_status_does_not_import_torch() -> None:
     """``gossipnet status`` answers in well under a second: its path (the dispatcher,
-    ``peer.status``, one GET that fails here) loads neither torch nor aiohttp."""
+    ``peer.app.status``, one GET that fails here) loads neither torch nor aiohttp."""
     code = (
         "import sys\n"
         "from gossipnet.cli import main\n"
@@ -87,7 +87,7 @@ def test_import_gossipnet_is_light_and_load_model_comes_on_first_use() -> None:
     code = (
         "import sys, gossipnet\n"
         "light = 'torch' not in sys.modules\n"
-        "from peer.export import load_model\n"
+        "from peer.app.export import load_model\n"
         "print(light, gossipnet.load_model is load_model, 'load_model' in gossipnet.__all__)\n"
     )
     result = run(sys.executable, "-c", code)
@@ -98,7 +98,7 @@ def test_import_gossipnet_is_light_and_load_model_comes_on_first_use() -> None:
 def test_export_is_a_subcommand() -> None:
     from gossipnet.cli import SUBCOMMANDS
 
-    assert SUBCOMMANDS["export"].target == "peer.export:main"
+    assert SUBCOMMANDS["export"].target == "peer.app.export:main"
     result = run(str(BIN / "gossipnet"), "export", "--help")
     assert result.returncode == 0, result.stderr
     assert "gossipnet export" in result.stdout

@@ -1,6 +1,6 @@
 """The protocol message around a payload: its fields, and its exact size in bytes.
 
-What a peer sends is one msgpack map, the *envelope* (``peer.wire`` packs and validates it;
+What a peer sends is one msgpack map, the *envelope* (``peer.protocol.wire`` packs and validates it;
 ``docs/protocol.md`` is its description)::
 
     {"v": 2, "sender": "peer-3", "round": 12, "step": 480, "codec": "qsgd",
@@ -14,7 +14,7 @@ alone: a map of six entries has a one-byte header; a string of n bytes takes 1 +
 (< 2^7), 2 (< 2^8), 3 (< 2^16), 5 (< 2^32) or 9. :func:`envelope_bytes` adds these up, so
 the simulator charges a message exactly the ``len`` of the body a peer sends for the same
 codec, message length, sender id, round and step (``tests/gossip/test_wire_bytes.py``
-checks it against ``peer.wire.pack_envelope`` for every codec). The peer builds its map
+checks it against ``peer.protocol.wire.pack_envelope`` for every codec). The peer builds its map
 with :func:`envelope_fields`, so both sides share one field order.
 
 The simulator's peers carry the ids ``gossipnet launch`` gives its processes,
@@ -43,7 +43,7 @@ __all__ = [
 
 PROTOCOL_VERSION = 2
 """The protocol version peers speak: the ``v`` of every envelope and JSON view, and a line of
-every request signature's signed text (``peer.auth``). Version 2 (issue 17) changed only the
+every request signature's signed text (``peer.protocol.auth``). Version 2 (issue 17) changed only the
 signed text (it names the version and the receiving peer), so an envelope's size is the same
 as version 1's (both fit msgpack's one-byte int)."""
 

@@ -1,7 +1,7 @@
 """The one codec table: spec strings -> compressors, and payloads -> their decoder.
 
 Both runners build codecs here (the simulator through ``gossip.build_algorithm``, a peer
-through ``peer.codecs``), and a receiver decodes whatever arrives with :func:`decode`,
+through ``peer.protocol.codecs``), and a receiver decodes whatever arrives with :func:`decode`,
 which reads the codec and its parameters from the payload itself.
 """
 

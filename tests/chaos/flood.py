@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import aiohttp
 import torch
 
-from peer.codecs import DenseCodec
-from peer.server import MAX_JSON_BYTES
-from peer.wire import Envelope, pack_envelope
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.wire import Envelope, pack_envelope
+from peer.transport.server import MAX_JSON_BYTES
 
 from .memory import MemorySampler, settle_memory
 from .probes import Probe

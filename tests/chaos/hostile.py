@@ -40,8 +40,8 @@ from typing import Any
 import msgpack
 import torch
 
-from peer.codecs import DenseCodec
-from peer.wire import Envelope, pack_envelope
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.wire import Envelope, pack_envelope
 
 from .signing import junk_authorization, sign, stamp_seconds_ago
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from peer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from peer.node.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 
 from .probes import Probe, ProbeError
 from .processes import PeerExited, PeerGroup, PeerProcess

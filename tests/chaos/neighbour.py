@@ -33,9 +33,9 @@ import msgpack
 import torch
 from aiohttp import web
 
-from peer.codecs import DenseCodec
-from peer.swarm import free_ports
-from peer.wire import Envelope, pack_envelope
+from peer.app.swarm import free_ports
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.wire import Envelope, pack_envelope
 
 from .memory import MemorySampler
 from .probes import Probe, ProbeError

@@ -3,7 +3,7 @@
 For every operation of the schema it draws positive (schema-valid) and negative
 (schema-violating) requests with Schemathesis' Hypothesis strategies, serializes them as
 the schema says (msgpack bodies through a serializer registered here), signs them with
-the swarm secret as a member would (``peer.auth``, over the exact bytes sent), sends them,
+the swarm secret as a member would (``peer.protocol.auth``, over the exact bytes sent), sends them,
 and runs Schemathesis' response checks: no 5xx, status codes, content types, headers and
 bodies that the schema documents, schema-violating requests refused, schema-valid ones
 accepted. Every failure is a schema mismatch (the schema or the server is wrong).

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from peer.swarm import free_ports
+from peer.app.swarm import free_ports
 
 STARTUP_S = 120.0
 """How long a peer may take to listen (importing torch on a busy 2-core machine)."""

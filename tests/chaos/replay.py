@@ -5,7 +5,7 @@ exchange they accept) share a secret. :func:`forged_and_replayed`
 
 1. sends requests signed with a wrong secret (digest- and stream-signed exchanges, a join,
    ``GET /v1/peers`` and ``GET /v1/state``): all must be refused ``401``;
-2. captures correctly signed requests meant for the first peer, built with ``peer.auth``'s
+2. captures correctly signed requests meant for the first peer, built with ``peer.protocol.auth``'s
    own signing functions and sent with raw aiohttp (a digest-signed exchange, a
    stream-signed exchange, a join): the originals are accepted; then replays each, byte for
    byte, to the same peer and to the other peer: all must be refused ``401``;
@@ -24,8 +24,8 @@ import secrets
 import aiohttp
 import torch
 
-from peer.codecs import DenseCodec
-from peer.wire import Envelope, pack_envelope
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.wire import Envelope, pack_envelope
 
 from .probes import Probe
 from .processes import PeerProcess

@@ -1,4 +1,4 @@
-"""Requests signed the way a swarm member signs them, built with ``peer.auth``'s own functions.
+"""Requests signed the way a swarm member signs them, built with ``peer.protocol.auth``'s own functions.
 
 The suite signs hostile bodies with the real secret (a *member* attacking), forges
 signatures with a wrong one, and captures signed requests to replay them. It calls the
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import secrets
 
-from peer import auth
-from peer.body import poly1305_tag
-from peer.wire import PROTOCOL_VERSION
+from peer.protocol import auth
+from peer.protocol.wire import PROTOCOL_VERSION
+from peer.transport.body import poly1305_tag
 
 
 def stamp_seconds_ago(seconds: float) -> int:

@@ -2,7 +2,7 @@
 
 For every codec, the simulator's charge (``gossip.compression.envelope_bytes`` of the
 compressor's payload size, and what ``SynchronousGossip`` reports per sender) equals
-``len(peer.wire.pack_envelope(...))`` of the envelope a peer builds with the same codec,
+``len(peer.protocol.wire.pack_envelope(...))`` of the envelope a peer builds with the same codec,
 message length, sender id, round and step.
 """
 
@@ -25,8 +25,8 @@ from gossip.compression import (
     launch_envelope_bytes,
     launch_peer_id,
 )
-from peer.codecs import LinkEncoders, build_codec
-from peer.wire import MAX_ROUND, Envelope, pack_envelope
+from peer.protocol.codecs import LinkEncoders, build_codec
+from peer.protocol.wire import MAX_ROUND, Envelope, pack_envelope
 from sim.algorithms import Context, OptimizerConfig
 from sim.batched import BatchedPeers
 from sim.gossip_runner import SynchronousGossip
@@ -47,7 +47,7 @@ CODECS = [
 ]
 LENGTHS = [1000, 70_001]
 """A small body, and one whose dense fields (``none``, ``fp16``, ``bf16``, ``qsgd:bits=8``)
-pass :data:`peer.wire.SPLICE_BYTES` (spliced into the body) and take msgpack's bin 32 header."""
+pass :data:`peer.protocol.wire.SPLICE_BYTES` (spliced into the body) and take msgpack's bin 32 header."""
 # header values across msgpack's width boundaries (fixint/uint8/16/32/64, fixstr/str8)
 HEADERS = [
     ("peer-0", 0, 0),

@@ -32,9 +32,9 @@ import consensus
 import topologies
 from gossip.algorithms import GossipAlgorithm
 from gossip.compression import launch_peer_id
-from peer.config import PeerConfig
-from peer.node import Peer
-from peer.swarm import free_ports
+from peer.app.swarm import free_ports
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 from sim.algorithms import Context, OptimizerConfig
 from sim.batched import BatchedPeers
 from sim.gossip_runner import SynchronousGossip
@@ -55,7 +55,7 @@ class Problem:
         topology: a static ``topologies.build`` name (``ring``, ``exponential``, ...); its
             mixing matrix is ``topologies.mixing_matrix``'s default for the graph
             (Metropolis-Hastings when undirected, uniform when directed), which is also the
-            peer's default (:class:`peer.topology.TopologyNeighbours`).
+            peer's default (:class:`peer.node.topology.TopologyNeighbours`).
         model: a ``workloads.build_model`` spec.
         dataset: a ``workloads.load_dataset`` spec (synthetic: generated, no download).
         batch_size: samples per peer per local step.

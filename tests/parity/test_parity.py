@@ -35,8 +35,8 @@ from gossip.algorithms import (
 )
 from gossip.compression import build_compressor
 from gossip.pairwise import pairwise_average
-from peer.config import PeerConfig
-from peer.node import Peer
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 from workloads import build_model
 
 from .harness import SECRET, Problem, RunResult, max_abs_difference, run_peers, run_simulator

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from peer.config import PeerConfig
-from peer.node import Peer
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 
 SECRET = b"test-swarm-secret-0123456789"
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peer import auth
-from peer.errors import Unauthorized, UnsupportedVersion
-from peer.wire import PROTOCOL_VERSION
+from peer.protocol import auth
+from peer.protocol.errors import Unauthorized, UnsupportedVersion
+from peer.protocol.wire import PROTOCOL_VERSION
 
 SECRET = b"0123456789abcdef-swarm"
 NOW = 1_700_000_000_000

@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from peer import BackgroundPeer, PeerConfig
-from peer.node import JoinError
-from peer.swarm import free_ports
+from peer.app.swarm import free_ports
+from peer.node.peer import JoinError
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"background-test-secret-0123456789"
@@ -139,7 +139,7 @@ def test_average_buffers_off_warns_and_keeps_statistics_local(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     a_model, b_model = bn_model(0), bn_model(1)
-    caplog.set_level(logging.WARNING, logger="peer.node")
+    caplog.set_level(logging.WARNING, logger="peer.node.peer")
     with BackgroundPeer(
         a_model, torch.optim.SGD(a_model.parameters(), lr=0.1), config("a", average_buffers=False)
     ) as a:

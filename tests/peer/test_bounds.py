@@ -1,4 +1,4 @@
-"""A peer's server admits within its bounds (``peer.admission``): exchange slots, the
+"""A peer's server admits within its bounds (``peer.transport.admission``): exchange slots, the
 unauthenticated byte budget, and the limits' validation; slots come back however a request
 ends (real servers on 127.0.0.1)."""
 
@@ -9,8 +9,11 @@ import asyncio
 import aiohttp
 import pytest
 
-from peer import auth
-from peer.admission import (
+from peer.node.peer import Peer
+from peer.protocol import auth
+from peer.protocol.errors import Busy, Overloaded
+from peer.protocol.wire import Envelope
+from peer.transport.admission import (
     MAX_JSON_BYTES,
     ByteBudget,
     LimitError,
@@ -18,11 +21,8 @@ from peer.admission import (
     Slots,
     default_max_connections,
 )
-from peer.client import RemoteRefused
-from peer.errors import Busy, Overloaded
-from peer.node import Peer
-from peer.server import SERVER_STATE
-from peer.wire import Envelope
+from peer.transport.client import RemoteRefused
+from peer.transport.server import SERVER_STATE
 
 from .conftest import SECRET, started_peer
 from .test_server import envelope_body, good, served_peer
@@ -68,7 +68,7 @@ async def test_concurrent_callers_up_to_the_bound_are_all_served() -> None:
         assert [r.sender for r in replies] == ["a", "a", "a"]
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_an_answer_nobody_reads_holds_its_slot_only_until_the_deadline() -> None:
     """The answer is written while its slot is held: a caller that never reads an answer
     larger than the socket buffers keeps the slot until the body deadline cuts the
@@ -207,7 +207,7 @@ class _Clock:
 
 
 def test_serving_share_bounds_serving_time_while_training_only() -> None:
-    from peer.admission import LimitError, ServingShare
+    from peer.transport.admission import LimitError, ServingShare
 
     clock, training = _Clock(), [True]
     share = ServingShare(0.5, lambda: training[0], window_s=2.0, clock=clock)

@@ -8,10 +8,10 @@ from contextlib import AsyncExitStack
 import pytest
 import torch
 
-from peer import wire
-from peer.client import PeerClient
-from peer.codecs import DenseCodec
-from peer.node import Peer
+from peer.node.peer import Peer
+from peer.protocol import wire
+from peer.protocol.codecs import DenseCodec
+from peer.transport.client import PeerClient
 
 from .conftest import SECRET, started_peer
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from peer import checkpoint as ckpt
-from peer.config import PeerConfig
-from peer.node import Peer
-from peer.training_state import module_state
+from peer.node import checkpoint as ckpt
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
+from peer.node.training_state import module_state
 
 from .conftest import SECRET, make_data, make_model, sgd, started_peer
 
@@ -131,7 +131,7 @@ def test_only_stale_temporaries_are_removed_and_logged_once(
     (tmp_path / ".checkpoint-dir.tmp").mkdir()  # not a file: left alone
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / ".checkpoint-deep.tmp").write_bytes(b"x")  # not in the folder itself
-    caplog.set_level("INFO", logger="peer.checkpoint")
+    caplog.set_level("INFO", logger="peer.node.checkpoint")
     assert ckpt.remove_stale_temporaries(tmp_path) == 2
     assert not any(path.exists() for path in stale)
     assert all(path.exists() for path in kept) and saved.exists()

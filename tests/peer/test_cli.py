@@ -247,7 +247,7 @@ def test_more_bad_arguments_in_process(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from peer.cli import main
+    from peer.app.cli import main
 
     monkeypatch.delenv("GOSSIPNET_SECRET", raising=False)
     with pytest.raises(SystemExit) as info:
@@ -274,7 +274,7 @@ def test_an_unreachable_bootstrap_is_retried_then_one_line_exit_2() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from peer.cli import main
+    from peer.app.cli import main
 
     with pytest.raises(SystemExit) as info:
         main([*WORKLOAD, "--id", "a", "--device", "cuda"], "gossipnet peer")
@@ -310,7 +310,7 @@ def test_bad_peer_files_and_ranks_exit_2(
     lines: list[str], extra: list[str], message: str, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    from peer.cli import main
+    from peer.app.cli import main
 
     peers = tmp_path / "peers.txt"
     peers.write_text("# the swarm\n" + "\n".join(lines) + "\n")
@@ -325,7 +325,7 @@ def test_bad_peer_files_and_ranks_exit_2(
 
 
 def test_missing_peer_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from peer.cli import main
+    from peer.app.cli import main
 
     missing = tmp_path / "nope.txt"
     with pytest.raises(SystemExit) as info:
@@ -378,8 +378,8 @@ def test_every_peer_config_field_has_a_flag() -> None:
     field), or by the network flags and ``--mode``/``--secret-file``, which build it."""
     import dataclasses
 
-    from peer.cli import CONFIG_FIELDS, FLAG_NAMES, _parser
-    from peer.config import PeerConfig
+    from peer.app.cli import CONFIG_FIELDS, FLAG_NAMES, _parser
+    from peer.node.config import PeerConfig
 
     built = {"host", "port", "advertise", "join", "peer_list", "mode", "secret", "codec"}
     fields = {field.name for field in dataclasses.fields(PeerConfig)}
@@ -394,7 +394,7 @@ def test_every_peer_config_field_has_a_flag() -> None:
 
 
 def test_log_dir_and_no_average_buffers_reach_the_config(tmp_path: Path) -> None:
-    from peer.cli import parse_peer_args
+    from peer.app.cli import parse_peer_args
 
     _, default = parse_peer_args(["--id", "a", *WORKLOAD])
     assert default.average_buffers is True and default.log_dir is None
@@ -408,7 +408,7 @@ def test_log_dir_and_no_average_buffers_reach_the_config(tmp_path: Path) -> None
 def test_log_dir_problems_are_one_line_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peer.cli import main
+    from peer.app.cli import main
 
     (tmp_path / "metrics.csv").write_text("epoch,val_loss\n")
     with pytest.raises(SystemExit) as info:
@@ -432,7 +432,7 @@ def test_log_dir_problems_are_one_line_before_anything_starts(
 
 
 def test_peer_help_lists_log_dir_and_no_average_buffers(capsys: pytest.CaptureFixture[str]) -> None:
-    from peer.cli import main
+    from peer.app.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["--help"])

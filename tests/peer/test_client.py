@@ -10,10 +10,10 @@ import pytest
 import torch
 from aiohttp import web
 
-from peer import auth, wire
-from peer.client import PeerClient, RemoteRefused
-from peer.codecs import DenseCodec
-from peer.errors import BodyTooLarge, Unauthorized, UnknownPeer
+from peer.protocol import auth, wire
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.errors import BodyTooLarge, Unauthorized, UnknownPeer
+from peer.transport.client import PeerClient, RemoteRefused
 
 from .conftest import SECRET, started_peer
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from gossip import PAYLOAD_ERROR_KINDS, PayloadError, build_compressor, decode
-from peer import auth, codecs, wire
-from peer.errors import (
+from peer.node.peer import Peer
+from peer.protocol import auth, codecs, wire
+from peer.protocol.errors import (
     DTypeMismatch,
     MalformedBody,
     NonFiniteValues,
@@ -21,7 +22,6 @@ from peer.errors import (
     ShapeMismatch,
     UnknownCodec,
 )
-from peer.node import Peer
 
 from .conftest import SECRET, model_bytes, started_peer
 

@@ -8,9 +8,10 @@ import msgpack
 import pytest
 import torch
 
-from peer import codecs, wire
-from peer.config import PeerConfig
-from peer.errors import (
+from peer.node.config import PeerConfig
+from peer.node.membership import Membership, check_address, view_entry
+from peer.protocol import codecs, wire
+from peer.protocol.errors import (
     DTypeMismatch,
     InvalidSender,
     MalformedBody,
@@ -18,7 +19,6 @@ from peer.errors import (
     ShapeMismatch,
     UnknownCodec,
 )
-from peer.membership import Membership, check_address, view_entry
 
 from .conftest import started_peer
 
@@ -55,7 +55,7 @@ def test_config_errors_name_the_field(field: str, value: object, message: str) -
 
 
 def test_a_client_only_peer_calls_two_neighbours_a_round_unless_told() -> None:
-    from peer.config import CLIENT_ONLY_FANOUT
+    from peer.node.config import CLIENT_ONLY_FANOUT
 
     edge = ("127.0.0.1:7000",)
     assert PeerConfig(peer_id="a").fanout == 1

@@ -207,7 +207,7 @@ def test_the_old_name_of_the_peer_file_still_works(tmp_path: Path, old: str, new
     ],
 )
 def test_every_way_of_listing_allowed_values_becomes_one(message: str, line: str) -> None:
-    from peer.usage import one_line
+    from peer.app.usage import one_line
 
     assert one_line(message) == line
 

@@ -12,9 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from peer import checkpoint
-from peer.config import PeerConfig
-from peer.export import (
+from peer.app.export import (
     ExportError,
     ModelRecipe,
     average_models,
@@ -23,7 +21,9 @@ from peer.export import (
     save_model,
     sidecar_path,
 )
-from peer.node import Peer
+from peer.node import checkpoint
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 from workloads import MODELS, load_dataset, partition, peer_batches, register_model
 
 ROOT = Path(__file__).resolve().parents[2]

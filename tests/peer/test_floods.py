@@ -1,7 +1,7 @@
 """Floods against a real peer's server: stalled bodies, junk signatures, too many
-connections, memory pinned by unauthenticated bodies (``peer.admission``, ``peer.server``).
+connections, memory pinned by unauthenticated bodies (``peer.transport.admission``, ``peer.transport.server``).
 
-Each test serves a real peer on 127.0.0.1 through ``peer.server.make_runner`` and checks
+Each test serves a real peer on 127.0.0.1 through ``peer.transport.server.make_runner`` and checks
 that what it refuses leaves the model's bytes and the membership exactly as they were.
 """
 
@@ -22,10 +22,10 @@ import aiohttp
 import pytest
 import torch
 
-from peer import auth
-from peer.admission import ServerLimits, fixed_memory_bytes
-from peer.body import MSGPACK, poly1305_tag
-from peer.server import LINGER_S, SERVER_STATE
+from peer.protocol import auth
+from peer.transport.admission import ServerLimits, fixed_memory_bytes
+from peer.transport.body import MSGPACK, poly1305_tag
+from peer.transport.server import LINGER_S, SERVER_STATE
 
 from .conftest import SECRET
 from .test_server import Served, envelope_body, parse_answer, served_peer
@@ -131,7 +131,7 @@ async def test_stalled_junk_signatures_get_401_before_any_slot() -> None:
         assert state.budget.held == 0
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_stalled_bodies_in_an_open_swarm_hold_slots_only_until_the_deadline() -> None:
     """Without a secret nothing can be authenticated: 8 stalled bodies take the 8 slots
     (an exchange meanwhile is 409 busy), each until the body deadline (408), and then
@@ -224,10 +224,10 @@ async def test_stalled_join_bodies_are_held_within_the_byte_budget() -> None:
 CHILD = """
 import asyncio, json, sys, torch
 from aiohttp import web
-from peer.admission import ServerLimits, fixed_memory_bytes
-from peer.config import PeerConfig
-from peer.node import Peer
-from peer.server import make_runner
+from peer.transport.admission import ServerLimits, fixed_memory_bytes
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
+from peer.transport.server import make_runner
 
 async def main():
     config = PeerConfig(peer_id="callee", secret=sys.argv[1].encode(), request_timeout_s=30.0)
@@ -334,7 +334,5 @@ async def test_a_refusal_on_expect_100_continue_comes_before_the_body_and_closes
             assert time.monotonic() - started < 2.0
         await asyncio.sleep(0.2)
         assert sent == 0
-        runner = peer._runner
-        assert runner is not None and runner.server is not None
-        assert len(runner.server.connections) == 0
+        assert peer.listening is not None and peer.listening.connections == 0
         assert model_bytes(peer) == before

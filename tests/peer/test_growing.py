@@ -1,6 +1,6 @@
-"""``peer.growing.GrowingBuffer``: a body streamed while a worker thread still writes it.
+"""``peer.protocol.growing.GrowingBuffer``: a body streamed while a worker thread still writes it.
 
-The rule under test (peer/growing.py): the event loop sends a slice only once the worker
+The rule under test (peer/protocol/growing.py): the event loop sends a slice only once the worker
 published it (``advance``); a worker that fails publishes its error instead, the body
 writer raises ``ProducerFailed`` before the body is complete, and a reader that
 authenticates or length-checks the body applies nothing. The last tests run it end to end:
@@ -20,10 +20,10 @@ import pytest
 import torch
 from aiohttp import web
 
-from peer.body import CHUNK_BYTES, MSGPACK, EnvelopeBody
-from peer.growing import GrowingBuffer, ProducerFailed, fill_in_thread
-from peer.pairwise import STREAM_CHUNK_BYTES
-from peer.wire import Envelope, pack_envelope
+from peer.node.pairwise import STREAM_CHUNK_BYTES
+from peer.protocol.growing import GrowingBuffer, ProducerFailed, fill_in_thread
+from peer.protocol.wire import Envelope, pack_envelope
+from peer.transport.body import CHUNK_BYTES, MSGPACK, EnvelopeBody
 
 from .conftest import model_bytes
 from .test_server import parse_answer, served_peer
@@ -288,7 +288,7 @@ async def test_a_worker_failing_mid_body_cuts_the_body_short() -> None:
 
 WIDTH = 550_000
 """``Linear(WIDTH, 2)``: 1 100 002 float32 parameters (4.4 MB), so the callee's streamed
-average has two chunks of ``peer.pairwise.STREAM_CHUNK_BYTES``: the first is sent before
+average has two chunks of ``peer.node.pairwise.STREAM_CHUNK_BYTES``: the first is sent before
 the second fails."""
 
 

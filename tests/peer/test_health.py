@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from peer.health import ExchangeHealth
-from peer.node import HEALTH_WINDOW_ROUNDS, Peer
-from peer.status import render
+from peer.app.status import render
+from peer.node.health import ExchangeHealth
+from peer.node.peer import HEALTH_WINDOW_ROUNDS, Peer
 
 from .conftest import started_peer
 
@@ -42,7 +42,7 @@ def infos_of(caplog: pytest.LogCaptureFixture, peer_id: str) -> list[str]:
 def test_isolated_only_after_a_full_window_without_success(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="peer.health")
+    caplog.set_level(logging.INFO, logger="peer.node.health")
     health = ExchangeHealth("a", window=3)
     transitions = []
     for _ in range(2):

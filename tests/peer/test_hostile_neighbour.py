@@ -26,13 +26,18 @@ import pytest
 import torch
 from aiohttp import web
 
-from peer import auth
-from peer.body import poly1305_tag
-from peer.client import PeerClient, PeerUnavailable, RemoteRefused
-from peer.codecs import DenseCodec, receiving_codecs
-from peer.errors import ProtocolError
-from peer.membership import MAX_VIEW_ENTRIES
-from peer.wire import PROTOCOL_VERSION, Envelope, ModelSpec, max_body_bytes
+from peer.protocol import auth
+from peer.protocol.codecs import DenseCodec, receiving_codecs
+from peer.protocol.errors import ProtocolError
+from peer.protocol.wire import (
+    MAX_VIEW_ENTRIES,
+    PROTOCOL_VERSION,
+    Envelope,
+    ModelSpec,
+    max_body_bytes,
+)
+from peer.transport.body import poly1305_tag
+from peer.transport.client import PeerClient, PeerUnavailable, RemoteRefused
 
 from .conftest import SECRET, model_bytes, started_peer
 

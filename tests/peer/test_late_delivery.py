@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from peer.config import PeerConfig
-from peer.node import Peer
-from peer.swarm import free_ports
+from peer.app.swarm import free_ports
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 
 SECRET = b"late-delivery-test-secret-32b..."
 N, ROUNDS, DEADLINE_S, SLOW_S = 3, 6, 0.3, 0.7

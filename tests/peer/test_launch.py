@@ -299,9 +299,9 @@ def test_the_tables_mark_an_isolated_peer_and_show_its_exchanges(
 ) -> None:
     import argparse
 
-    from peer.progress import status_row
-    from peer.report import print_results
-    from peer.swarm import PeerProcess
+    from peer.app.progress import status_row
+    from peer.app.report import print_results
+    from peer.app.swarm import PeerProcess
 
     process = subprocess.Popen([sys.executable, "-c", ""])
     process.wait(timeout=60)
@@ -346,7 +346,7 @@ def test_the_table_shows_a_regression_peers_loss_and_leaves_it_out_of_the_mean(
     its test loss, and the mean accuracy is of the classifiers only (not a 0 counted in)."""
     import argparse
 
-    from peer.report import print_results
+    from peer.app.report import print_results
 
     results = {
         "peers": [
@@ -363,8 +363,8 @@ def test_the_table_shows_a_regression_peers_loss_and_leaves_it_out_of_the_mean(
 
 def test_the_state_column_says_where_each_peer_is(tmp_path: Path) -> None:
     """Real processes: one still running, one that exited cleanly, one that failed."""
-    from peer.progress import status_row
-    from peer.swarm import PeerProcess
+    from peer.app.progress import status_row
+    from peer.app.swarm import PeerProcess
 
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -390,7 +390,7 @@ def test_the_state_column_says_where_each_peer_is(tmp_path: Path) -> None:
 
 
 def _failed_peer(tmp_path: Path, index: int, code: str, stderr: str) -> Any:
-    from peer.swarm import PeerProcess
+    from peer.app.swarm import PeerProcess
 
     peer = PeerProcess(index, f"peer-{index}", subprocess.Popen([sys.executable, "-c", code]),
                        tmp_path, client_only=False)  # fmt: skip
@@ -402,7 +402,7 @@ def _failed_peer(tmp_path: Path, index: int, code: str, stderr: str) -> Any:
 def test_a_failed_peer_always_has_a_reason(tmp_path: Path) -> None:
     import argparse
 
-    from peer.report import collect_results
+    from peer.app.report import collect_results
     from workloads.baseline import CentralizedResult
 
     peers = [
@@ -426,7 +426,7 @@ def test_a_failed_peer_always_has_a_reason(tmp_path: Path) -> None:
 def test_launch_save_model_writes_the_swarm_average(tmp_path: Path, cache: str) -> None:
     from safetensors.torch import load_file
 
-    from peer.export import load_model
+    from peer.app.export import load_model
 
     target = tmp_path / "swarm.safetensors"
     run_dir = tmp_path / "run"
@@ -490,8 +490,8 @@ def test_the_swarm_record_leaves_a_missing_accuracy_blank(tmp_path: Path) -> Non
     centralized row without a centralized accuracy."""
     from types import SimpleNamespace
 
-    from peer.launch import record_results
-    from peer.logbook import Logbook
+    from peer.app.launch import record_results
+    from peer.node.logbook import Logbook
 
     results = {
         "peers": [

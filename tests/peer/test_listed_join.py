@@ -7,9 +7,9 @@ import contextlib
 import torch
 from torch import nn
 
-from peer.config import PeerConfig
-from peer.node import Peer
-from peer.swarm import free_ports
+from peer.app.swarm import free_ports
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
 
 SECRET = b"listed-join-test-secret-32-bytes"
 

@@ -1,4 +1,4 @@
-"""``peer.logbook``: metrics.csv (header, blank cells, append on resume, a foreign header
+"""``peer.node.logbook``: metrics.csv (header, blank cells, append on resume, a foreign header
 refused), TensorBoard event files read back with TensorBoard's own reader, a missing
 tensorboard package, and MLflow only where it is installed and configured."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from peer.logbook import (
+from peer.node.logbook import (
     CSV_COLUMNS,
     SWARM_COLUMNS,
     TENSORBOARD_MISSING,

@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack
 
 import torch
 
-from peer.model_lock import ModelLock
+from peer.node.model_lock import ModelLock
 
 from .test_swarm import swarm
 

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.errors import BodyTooLarge, MalformedBody
-from peer.msgpack_stream import (
+from peer.protocol.errors import BodyTooLarge, MalformedBody
+from peer.protocol.msgpack_stream import (
     MAX_DEPTH,
     SPLICE_BYTES,
     StreamReader,

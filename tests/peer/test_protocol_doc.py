@@ -18,12 +18,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer import auth
-from peer.codecs import receiving_codecs
-from peer.errors import ERROR_CLASSES
-from peer.membership import check_address
-from peer.server import build_app
-from peer.wire import PROTOCOL_VERSION, SENDER_ID_PATTERN
+from peer.node.membership import check_address
+from peer.protocol import auth
+from peer.protocol.codecs import receiving_codecs
+from peer.protocol.errors import ERROR_CLASSES
+from peer.protocol.wire import PROTOCOL_VERSION, SENDER_ID_PATTERN
+from peer.transport.server import build_app
 
 from .conftest import SECRET, started_peer
 from .test_server import Served, served_peer

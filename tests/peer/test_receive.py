@@ -1,7 +1,7 @@
-"""The direct receive path (``peer.receive``, issue 16) against real peers and raw sockets.
+"""The direct receive path (``peer.transport.receive``, issue 16) against real peers and raw sockets.
 
-A body of at least :data:`peer.receive.DIRECT_BODY_BYTES` is read by a
-:class:`~peer.receive.DirectBody` once aiohttp parsed its head: straight from the socket
+A body of at least :data:`peer.transport.receive.DIRECT_BODY_BYTES` is read by a
+:class:`~peer.transport.receive.DirectBody` once aiohttp parsed its head: straight from the socket
 into the arena (``recv_into``), exactly ``Content-Length`` bytes, then the connection is
 handed back to aiohttp. Every test serves a real peer on 127.0.0.1 (``make_runner``, as a
 peer serves itself) and writes its requests through a raw socket where the byte layout
@@ -32,16 +32,16 @@ import torch
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.streams import StreamReader as HttpStream
 
-from peer import auth
-from peer.admission import ServerLimits
-from peer.auth import client_ssl_context
-from peer.body import poly1305_tag, read_envelope_object
-from peer.client import PeerClient, PeerUnavailable
-from peer.codecs import DenseCodec
-from peer.errors import ProtocolError, Unauthorized
-from peer.receive import DIRECT_BODY_BYTES, DirectBody, can_take_over, take_over
-from peer.server import SERVER_STATE
-from peer.wire import Envelope, ModelSpec
+from peer.protocol import auth
+from peer.protocol.auth import client_ssl_context
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.errors import ProtocolError, Unauthorized
+from peer.protocol.wire import Envelope, ModelSpec
+from peer.transport.admission import ServerLimits
+from peer.transport.body import poly1305_tag, read_envelope_object
+from peer.transport.client import PeerClient, PeerUnavailable
+from peer.transport.receive import DIRECT_BODY_BYTES, DirectBody, can_take_over, take_over
+from peer.transport.server import SERVER_STATE
 
 from .conftest import SECRET, model_bytes
 from .test_server import Served, envelope_body, parse_answer, served_peer
@@ -246,7 +246,7 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 class Owner(BaseProtocol):
     """The connection's owner as aiohttp is one: its body stream is fed what arrives until
-    :func:`peer.receive.take_over` switches the transport; after the hand-back, what
+    :func:`peer.transport.receive.take_over` switches the transport; after the hand-back, what
     arrives is kept in ``after`` (the next message's bytes)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -733,7 +733,7 @@ async def test_the_client_reconnects_after_a_neighbour_closes_behind_a_large_ans
         assert [connection for _, connection in heard.requests] == [0, 1]
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_a_chunked_large_body_is_read_through_aiohttp_as_before() -> None:
     """Chunked bodies have no ``Content-Length``: never taken over (``can_take_over``), read
     through aiohttp's stream (``ChunkSource``), and the exchange is served."""

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from peer import checkpoint
-from peer.swarm import free_ports
+from peer.app.swarm import free_ports
+from peer.node import checkpoint
 
 from .processes import ROOT, start_peer, status, wait_until
 

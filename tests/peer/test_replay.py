@@ -18,11 +18,11 @@ import pytest
 import torch
 from aiohttp import web
 
-from peer import auth
-from peer.client import PeerClient, PeerUnavailable
-from peer.codecs import DenseCodec
-from peer.node import Peer
-from peer.wire import Envelope
+from peer.node.peer import Peer
+from peer.protocol import auth
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.wire import Envelope
+from peer.transport.client import PeerClient, PeerUnavailable
 
 from .conftest import SECRET, model_bytes, started_peer
 

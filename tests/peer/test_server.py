@@ -1,6 +1,6 @@
 """The HTTP server against hostile and wrong requests: right 4xx, JSON body, model untouched.
 
-Every test runs a real peer served by ``peer.server.make_runner`` on 127.0.0.1 (the
+Every test runs a real peer served by ``peer.transport.server.make_runner`` on 127.0.0.1 (the
 connection layer included: JSON answers to unparseable HTTP, header bounds) and checks that
 refused input leaves the model's bytes and the membership exactly as they were.
 """
@@ -22,13 +22,13 @@ import pytest
 import torch
 from aiohttp import web
 
-from peer import auth, wire
-from peer.admission import ServerLimits
-from peer.codecs import DenseCodec
-from peer.config import PeerConfig
-from peer.errors import ERROR_CLASSES
-from peer.node import Peer
-from peer.server import make_runner
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
+from peer.protocol import auth, wire
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.errors import ERROR_CLASSES
+from peer.transport.admission import ServerLimits
+from peer.transport.server import make_runner
 
 from .conftest import SECRET, make_model, model_bytes, sgd
 
@@ -181,7 +181,7 @@ async def test_bad_exchange_is_refused_and_model_is_untouched(served: Served, ca
     assert served.digest() == before
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_oversized_body_gets_413_before_reading(served: Served) -> None:
     peer = served.peer
     before = served.digest()
@@ -486,7 +486,7 @@ async def test_broken_http_gets_a_json_error_and_one_log_line(
     assert code is None or error == code
     assert served.digest() == before
     # one line, no traceback, however large the request
-    logged = [r for r in caplog.records if r.name.startswith(("peer.server", "aiohttp"))]
+    logged = [r for r in caplog.records if r.name.startswith(("peer.transport.server", "aiohttp"))]
     assert all(r.exc_info is None for r in logged)
     assert sum(len(r.getMessage()) for r in logged) < 1000
 

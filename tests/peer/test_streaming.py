@@ -15,11 +15,11 @@ import aiohttp
 import pytest
 import torch
 
-from peer import auth
-from peer.body import poly1305_tag
-from peer.metrics import EXCHANGE_PHASES
-from peer.node import Peer
-from peer.wire import ModelSpec, pack_envelope
+from peer.node.metrics import EXCHANGE_PHASES
+from peer.node.peer import Peer
+from peer.protocol import auth
+from peer.protocol.wire import ModelSpec, pack_envelope
+from peer.transport.body import poly1305_tag
 
 from .conftest import SECRET, model_bytes, started_peer
 from .test_server import envelope_body
@@ -146,7 +146,7 @@ class _GatedDecode:
         return self.codec.decode(payload, spec)
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_status_is_answered_while_an_exchange_is_being_decoded() -> None:
     """Ordering, not timing: the decode is held mid-way, /v1/status must still answer, and
     only then is the decode let go and the exchange finished."""
@@ -171,8 +171,8 @@ async def test_status_is_answered_while_an_exchange_is_being_decoded() -> None:
 
 
 def pack_envelope_of(vector: torch.Tensor) -> bytes:
-    from peer.codecs import DenseCodec
-    from peer.wire import Envelope
+    from peer.protocol.codecs import DenseCodec
+    from peer.protocol.wire import Envelope
 
     return pack_envelope(
         Envelope(sender="caller", round=0, codec="none", payload=DenseCodec().encode(vector))
@@ -195,7 +195,7 @@ async def _counted(peer: Peer, outcome: str) -> float:
     return _callee_exchanges(peer, outcome)
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_an_answer_the_caller_left_before_is_counted_unanswered_not_ok() -> None:
     """The caller hangs up while its request is decoded: the callee still averages (it
     commits before it answers) but counts the exchange ``unanswered``, not ``ok``."""
@@ -221,7 +221,7 @@ async def test_an_answer_the_caller_left_before_is_counted_unanswered_not_ok() -
         assert model_bytes(callee) != before  # averaged: the pair's sum moved
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_an_answer_taken_whole_is_counted_ok() -> None:
     async with started_peer("callee", seed=1, secret=None) as callee:
         body = pack_envelope_of(torch.full((callee.spec.numel,), 5.0))
@@ -235,7 +235,7 @@ async def test_an_answer_taken_whole_is_counted_ok() -> None:
         assert _callee_exchanges(callee, "unanswered") == 0
 
 
-@pytest.mark.filterwarnings("ignore::peer.auth.OpenSwarmWarning")
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")
 async def test_each_phase_of_an_exchange_is_timed_on_its_side_and_refusals_in_none() -> None:
     """One successful exchange adds one observation to each of the caller's phases on the
     caller and each of the callee's on the callee (``gossipnet_exchange_phase_seconds``);

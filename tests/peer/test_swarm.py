@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer.client import PeerClient, PeerUnavailable, RemoteRefused
-from peer.node import Peer
+from peer.node.peer import Peer
+from peer.transport.client import PeerClient, PeerUnavailable, RemoteRefused
 
 from .conftest import SECRET, started_peer
 
@@ -141,7 +141,7 @@ async def test_client_only_peer_takes_part_through_its_own_calls() -> None:
             "edge", seed=1, client_only=True, join=(server.address,), fetch_state=False
         ) as edge,
     ):
-        assert edge.address is None and edge._runner is None
+        assert edge.address is None and edge.listening is None
         average = (server.flat.vector + edge.flat.vector) / 2
         assert await edge.gossip() == 1
         torch.testing.assert_close(server.flat.vector, average)
@@ -191,7 +191,7 @@ async def test_client_reports_unreachable_and_refusals() -> None:
         assert info.value.status == 400 and info.value.code == "malformed_body"
         small = PeerClient(secret=SECRET, timeout_s=1.0, max_body_bytes=10)
         async with small:
-            from peer.errors import BodyTooLarge
+            from peer.protocol.errors import BodyTooLarge
 
             with pytest.raises(BodyTooLarge):
                 await small.request("GET", a.address, "/v1/state")
@@ -235,7 +235,7 @@ def _serving_share_spent(peer: Peer) -> None:
 
 
 async def test_a_busy_neighbours_place_goes_to_the_next_one_in_the_round() -> None:
-    from peer.pairwise import BUSY_RETRIES
+    from peer.node.pairwise import BUSY_RETRIES
 
     async with AsyncExitStack() as stack:
         good = await stack.enter_async_context(started_peer("good", seed=0))

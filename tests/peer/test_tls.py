@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer.client import PeerClient, PeerUnavailable
+from peer.transport.client import PeerClient, PeerUnavailable
 
 from .conftest import SECRET, started_peer
 

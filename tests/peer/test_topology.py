@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import topologies
-from peer.swarm import free_ports
-from peer.topology import TopologyNeighbours, read_peer_list, topology_names
+from peer.app.swarm import free_ports
+from peer.node.topology import TopologyNeighbours, read_peer_list, topology_names
 
 from .conftest import started_peer
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from peer.config import PeerConfig
-from peer.node import Peer
-from peer.trainer import Trainer, is_classification
+from peer.node.config import PeerConfig
+from peer.node.peer import Peer
+from peer.node.trainer import Trainer, is_classification
 
 from .conftest import SECRET, make_data, make_model
 

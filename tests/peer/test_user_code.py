@@ -95,7 +95,7 @@ def test_own_model_and_npz_two_peers_in_the_wrong_order_save_and_load(tmp_path: 
     reported = json.loads((tmp_path / "b.eval.json").read_text())
     assert reported["test_accuracy"] > 0.8  # three separable blobs, far above chance (1/3)
 
-    from peer.export import load_model
+    from peer.app.export import load_model
     from workloads import load_dataset
 
     namespace: dict[str, object] = {}

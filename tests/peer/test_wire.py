@@ -10,9 +10,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from peer import wire
-from peer.codecs import DenseCodec
-from peer.errors import (
+from peer.protocol import wire
+from peer.protocol.codecs import DenseCodec
+from peer.protocol.errors import (
     BodyTooLarge,
     DTypeMismatch,
     InvalidRound,
@@ -234,7 +234,7 @@ def test_bad_payloads_raise_typed_errors_naming_the_payload(case: str) -> None:
 
 
 def test_error_statuses_are_4xx_with_json() -> None:
-    from peer.errors import ERROR_CLASSES
+    from peer.protocol.errors import ERROR_CLASSES
 
     for cls in ERROR_CLASSES:
         err = cls("why")
@@ -272,7 +272,7 @@ def test_splice_leaves_the_callers_payload_alone() -> None:
 
 
 def test_the_envelope_keys_are_gossips() -> None:
-    """peer.wire packs the map gossip.compression.envelope_fields defines, in that order."""
+    """peer.protocol.wire packs the map gossip.compression.envelope_fields defines, in that order."""
     from gossip.compression import ENVELOPE_KEYS
 
     body = wire.pack_envelope(wire.Envelope(sender="a", round=0, codec="none", payload={}))

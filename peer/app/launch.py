@@ -1,0 +1,449 @@
+"""``gossipnet launch`` and ``gossipnet demo``: a local swarm of real peer processes.
+
+``launch --peers N`` starts N ``gossipnet peer`` OS processes on 127.0.0.1 in one process
+group (:mod:`peer.app.swarm`: the bootstrap, ``--join``, or a generated peer file with
+``--topology``; a fresh swarm secret; peer i trains on shard i). While they run, a live
+table or plain lines show each peer's step, loss, neighbours and bytes/s, polled from its
+``GET /v1/status`` (:mod:`peer.app.progress`); meanwhile the launcher trains one *centralized*
+model on all the data with the peers' combined batch (N x batch size) for as many steps,
+i.e. on the same number of samples (:func:`workloads.train_centralized`). At the end every
+peer writes its test accuracy (``gossipnet peer --eval-out``) and the launcher prints each
+beside the centralized one (:mod:`peer.app.report`). Ctrl-C (or SIGTERM) stops the swarm
+cleanly: SIGTERM to the group, a grace period for the final checkpoints, then SIGKILL, no
+orphans.
+
+``--save-model FILE`` has every peer write its model into the run directory and, at the
+end, writes the average of the models of the peers that finished to FILE
+(``peer.app.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``).
+
+``--log-dir DIR`` keeps training records (:mod:`peer.node.logbook`: ``metrics.csv`` and
+TensorBoard event files): each peer's own in ``DIR/peer-<i>/`` (its ``--log-dir``), and
+the swarm as the launcher saw it in ``DIR/swarm/``: a row per peer each time a poll finds
+it at a new step (peer, step, loss, bytes, exchanges), then per peer its final test
+accuracy, and the centralized reference's (``peer`` = ``centralized``).
+``tensorboard --logdir DIR`` shows them all.
+
+This module is the command line and the order of events; ``demo`` is ``launch`` with
+defaults picked to finish in about a minute on two CPU cores: 4 peers, MNIST-1D, an MLP,
+asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
+trains, each peer's full command line (``--peer-args`` included) with the peer's own parser
+(:func:`peer.app.cli.parse_peer_args`): a mistake is one line and exit code 2.
+
+Exit codes: 0 every peer finished, 1 a peer failed (its reason is shown), 2 bad
+arguments, 130 stopped by Ctrl-C/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import shlex
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from peer.app.progress import watch
+from peer.app.report import collect_results, print_results
+from peer.app.swarm import GRACE_S, Swarm, peer_flags
+from peer.app.usage import DeprecatedAlias, OneLineParser, UsageError
+from peer.node.config import ALGORITHMS, MODES
+from peer.node.logbook import Logbook, LogbookError, check_log_dir
+from peer.node.topology import topology_names
+from workloads.baseline import CentralizedResult
+from workloads.cache import default_cache_dir
+
+DEMO_DEFAULTS = (
+    "--peers", "4", "--dataset", "mnist1d:num_samples=4000", "--model", "mlp",
+    "--steps", "600", "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9",
+    "--algorithm", "ad-psgd",
+)  # fmt: skip
+"""What ``gossipnet demo`` runs (any of it can be overridden on the command line)."""
+
+
+def with_cache(dataset: str) -> str:
+    """An ``mnist1d`` spec with a ``cache_dir``, so N peers do not each regenerate it."""
+    name, _, rest = dataset.partition(":")
+    if name.strip() != "mnist1d" or "cache_dir" in rest:
+        return dataset
+    path = default_cache_dir() / "mnist1d"
+    return f"{name}:{rest + ',' if rest else ''}cache_dir={path}"
+
+
+def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
+    what = "the demo" if demo else "a local swarm"
+    parser = OneLineParser(
+        prog=prog,
+        description=(
+            f"Run {what}: N gossipnet peer processes on 127.0.0.1 train one model together; "
+            "a live table shows their progress, and at the end each peer's test accuracy is "
+            "printed beside a centralized run on the same data and number of samples."
+        ),
+        epilog="Every option but --peers, --client-only, --dir, --json, --progress, "
+        "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
+        "Guide: docs/peer.md.",
+    )
+    swarm = parser.add_argument_group("swarm")
+    swarm.add_argument("--peers", type=int, default=4, help="number of peer processes (2-64)")
+    swarm.add_argument(
+        "--client-only", type=int, default=0, metavar="K", help="the last K peers never listen"
+    )
+    swarm.add_argument("--algorithm", help=", ".join(ALGORITHMS) + " (default ad-psgd)")
+    swarm.add_argument("--mode", choices=MODES)
+    swarm.add_argument(
+        "--compressor", help="none, fp16, bf16, qsgd:bits=B (choco: topk, randk too)"
+    )
+    swarm.add_argument("--compress", dest="compressor", action=DeprecatedAlias, new="--compressor")
+    swarm.add_argument("--aggregator", help="consensus spec, e.g. trimmed-mean:b=1")
+    swarm.add_argument("--local-steps", type=int)
+    swarm.add_argument("--consensus-step", type=float, help="choco: gamma in (0, 1]")
+    swarm.add_argument(
+        "--byzantine",
+        metavar="K:ATTACK",
+        help="evaluation: the last K peers are Byzantine and send ATTACK (a consensus attack, "
+        "e.g. 1:sign-flip); their accuracy is reported apart from the honest peers'",
+    )
+    swarm.add_argument("--fanout", type=int)
+    swarm.add_argument("--round-deadline-s", type=float)
+    swarm.add_argument("--topology", help="one of " + ", ".join(topology_names()))
+    swarm.add_argument("--topology-weights")
+    swarm.add_argument("--device", help="auto, cpu, cuda, cuda:I")
+    swarm.add_argument("--checkpoint-every", type=int, help="steps (checkpoints in --dir)")
+    swarm.add_argument("--log-level", help="peers' log level (their stderr goes to --dir)")
+    swarm.add_argument(
+        "--peer-args", default="", metavar="ARGS", help="more peer flags, one shell-quoted string"
+    )
+    work = parser.add_argument_group("workload")
+    work.add_argument(
+        "--dataset",
+        default="mnist1d:num_samples=4000",
+        help="workloads spec, FILE.npz, or your MODULE:FACTORY (default mnist1d:num_samples=4000)",
+    )
+    work.add_argument("--partition", default="iid")
+    work.add_argument(
+        "--model",
+        default="mlp",
+        help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet)",
+    )
+    work.add_argument("--batch-size", type=int, default=32)
+    work.add_argument("--lr", type=float, default=0.05)
+    work.add_argument("--momentum", type=float, default=0.9)
+    work.add_argument("--seed", type=int, default=0)
+    work.add_argument("--steps", type=int, default=500, help="optimizer steps per peer")
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--dir", help="keep the run's files here (logs, results, checkpoints); default: temporary"
+    )
+    out.add_argument(
+        "--progress",
+        choices=("auto", "live", "lines", "none"),
+        default="auto",
+        help="live table (rich), plain lines every few seconds, or nothing; auto: live on a TTY",
+    )
+    out.add_argument("--json", action="store_true", help="also print the results as one JSON line")
+    out.add_argument(
+        "--save-model",
+        metavar="FILE",
+        help="write the average of the finished peers' models as safetensors + JSON to FILE "
+        "(docs/models.md)",
+    )
+    out.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="training records as metrics.csv + TensorBoard event files: each peer's in "
+        "DIR/peer-<i>/, and the swarm's view in DIR/swarm/ (every peer's step, loss, bytes "
+        "and exchanges as polled, then each final test accuracy and the centralized one); "
+        "view with tensorboard --logdir DIR. Needs pip install 'gossipnet[logging]'",
+    )
+    return parser
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if not 2 <= args.peers <= 64:
+        parser.error(f"--peers: must be an integer in [2, 64], got {args.peers}")
+    if not 0 <= args.client_only < args.peers:
+        parser.error(f"--client-only: must be in [0, --peers={args.peers}), got {args.client_only}")
+    if args.client_only and args.topology:
+        parser.error("--client-only: cannot be combined with --topology (every rank listens)")
+    if args.steps < 1:
+        parser.error(f"--steps: must be >= 1, got {args.steps}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        parser.error(f"--lr: must be a finite number > 0, got {args.lr}")
+    try:
+        shlex.split(args.peer_args)
+    except ValueError as error:
+        parser.error(f"--peer-args: must be shell-quoted flags: {error}")
+    if args.save_model is not None:
+        target = Path(args.save_model)
+        if not target.parent.is_dir():
+            parser.error(f"--save-model: folder {target.parent} does not exist (for {target})")
+        if target.suffix == ".json":
+            parser.error("--save-model: FILE must not end in .json (FILE.json is its description)")
+    if args.log_dir is not None:
+        try:
+            check_log_dir(Path(args.log_dir) / "swarm", peer_column=True)
+        except LogbookError as error:
+            parser.error(str(error))
+    args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
+    _check_peer_options(args, parser)
+
+
+def _byzantine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str | None]:
+    """``--byzantine K:ATTACK`` as (K, ATTACK); (0, None) without it."""
+    if args.byzantine is None:
+        return 0, None
+    count, colon, attack = str(args.byzantine).partition(":")
+    if not colon or not count.strip().isdigit() or not attack.strip():
+        parser.error(f"--byzantine: must be K:ATTACK (e.g. 1:sign-flip), got {args.byzantine!r}")
+    if not 1 <= int(count) < args.peers - args.client_only:
+        parser.error(
+            f"--byzantine: K must be in [1, {args.peers - args.client_only}) (at least one "
+            f"honest listening peer), got {int(count)}"
+        )
+    return int(count), attack.strip()
+
+
+def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Every peer's command line, checked here with the peer's own parser and validation
+    (:func:`peer.app.cli.parse_peer_args`: ``PeerConfig``, hence ``gossip.GossipConfig``, the
+    simulator's check too; the workload specs; the user's code): one clear line now, not N
+    failed peers after the baseline has trained. The launcher's own options are checked
+    first, then with ``--peer-args`` added, so a mistake is blamed on the right flag."""
+    from peer.app.cli import parse_peer_args
+
+    with tempfile.TemporaryDirectory(prefix="gossipnet-check-") as scratch:
+        folder = Path(scratch)
+        peer_file = None
+        if args.topology:
+            peer_file = folder / "peers.txt"
+            peer_file.write_text("".join(f"127.0.0.1:{7000 + i}\n" for i in range(args.peers)))
+        listening = args.peers - args.client_only
+        for index in sorted({0, args.peers - 1}):
+            extra = ["--client-only", "--join", "127.0.0.1:7000"] if index >= listening else []
+            flags = peer_flags(args, index, folder, secret_file=None, peer_file=peer_file)
+            given = len(shlex.split(args.peer_args))
+            own = flags[: len(flags) - given] if given else flags
+            try:
+                _, config = parse_peer_args([*own, *extra], raise_errors=True)
+            except UsageError as error:
+                parser.error(str(error))
+            try:
+                parse_peer_args([*flags, *extra], raise_errors=True)
+            except UsageError as error:
+                parser.error(f"--peer-args: {error}")
+    if not args.topology and config.mode == "sync":
+        from gossip.configuration import ConfigurationError
+
+        try:  # without a topology a sync peer mixes every other member: N models in all
+            config.gossip.check_neighbourhood(
+                args.peers, where=f"--peers {args.peers} without --topology"
+            )
+        except ConfigurationError as error:
+            parser.error(f"--{error.field.replace('_', '-')}: {error.reason}")
+    if args.device and args.device != "cpu":
+        from peer.node.config import resolve_device
+
+        try:
+            resolve_device(args.device)
+        except ValueError as error:
+            parser.error(f"--device: {error}")
+
+
+def _train_baseline(
+    args: argparse.Namespace, dataset: str, stop: threading.Event
+) -> CentralizedResult:
+    """The centralized reference of this launch, trained in this process (one thread; the
+    launcher is idle anyway). Setting ``stop`` ends it early (Ctrl-C)."""
+    try:
+        import torch
+
+        from workloads import build_model, load_dataset, train_centralized
+
+        torch.set_num_threads(1)
+        data = load_dataset(dataset)
+        model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+        return train_centralized(
+            model,
+            data,
+            steps=args.steps,
+            batch_size=args.peers * args.batch_size,
+            lr=args.lr,
+            momentum=args.momentum,
+            seed=args.seed,
+            stream=args.peers,
+            stop=stop,
+        )
+    except Exception as error:  # shown in the final table instead of a traceback
+        return CentralizedResult(error=f"{type(error).__name__}: {error}")
+
+
+async def _launch(
+    swarm: Swarm, args: argparse.Namespace, progress: str, logbook: Logbook | None
+) -> bool:
+    """Start the peers, watch them (recording in ``logbook``); True if stopped by a signal."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if not await swarm.start(stop):
+        return True
+    if progress != "none" and progress != "live":
+        print(
+            f"launched {args.peers} peers (files in {swarm.directory}); {args.steps} steps each",
+            file=sys.stderr,
+            flush=True,
+        )
+    await watch(swarm, progress, stop, logbook)
+    return stop.is_set()
+
+
+def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = False) -> int:
+    """``gossipnet launch``: check the flags, start the swarm and the centralized reference,
+    watch, print the results; returns the exit code (see the module's docstring)."""
+    parser = _parser(prog, demo)
+    args = parser.parse_args([*(DEMO_DEFAULTS if demo else ()), *argv])
+    try:
+        return _run(args, parser, prog)
+    except KeyboardInterrupt:  # Ctrl-C before the swarm's own handler was installed
+        print(f"{prog}: stopped before the swarm started", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -> int:
+    _check(args, parser)
+    progress = args.progress
+    if progress == "auto":
+        progress = "live" if sys.stderr.isatty() else "lines"
+    dataset = with_cache(args.dataset)
+    try:
+        from workloads import load_dataset
+
+        load_dataset(dataset)  # fail fast on a bad spec; fills the cache for the peers
+    except (ValueError, ImportError, OSError) as error:
+        parser.error(f"--dataset: {error}")
+    args.dataset = dataset
+    keep = args.dir is not None
+    if keep:
+        directory = Path(args.dir)
+        directory.mkdir(parents=True, exist_ok=True)
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="gossipnet-launch-"))
+    logbook = None
+    if args.log_dir is not None:
+        try:
+            logbook = Logbook.open(Path(args.log_dir) / "swarm", run_name="swarm", peer_column=True)
+        except LogbookError as error:
+            parser.error(str(error))
+    try:
+        swarm = Swarm(args, directory)
+        baseline: list[CentralizedResult] = []
+        halt = threading.Event()
+        reference = threading.Thread(
+            target=lambda: baseline.append(_train_baseline(args, dataset, halt)), daemon=True
+        )
+        reference.start()
+        interrupted = False
+        failed: str | None = None
+        try:
+            interrupted = asyncio.run(_launch(swarm, args, progress, logbook))
+        except RuntimeError as error:
+            failed = str(error)
+        finally:
+            if interrupted or failed:
+                halt.set()
+            swarm.stop(GRACE_S)
+        reference.join()
+        results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
+        if logbook is not None:
+            record_results(logbook, swarm, results)
+    finally:
+        if logbook is not None:
+            logbook.close()
+    if args.save_model is not None:
+        results["model"], problem = _save_average(swarm, args)
+        failed = failed or problem
+    print_results(results, args)
+    bad = [p for p in results["peers"] if "error" in p]
+    if results.get("model"):
+        print(f"{prog}: {args.model_note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results), flush=True)
+    if failed is not None:
+        print(f"{prog}: error: {failed}", file=sys.stderr)
+    for entry in bad:
+        print(f"{prog}: {entry['id']} failed: {entry['error']}", file=sys.stderr)
+    if not keep and not interrupted and not bad and failed is None:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+    elif not keep:
+        print(f"{prog}: run files kept in {directory}", file=sys.stderr)
+    if interrupted:
+        return 130
+    return 1 if bad or failed else 0
+
+
+def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> None:
+    """The last rows of the swarm's record (``--log-dir``): each peer that evaluated, at
+    its final step with its last polled status and its test accuracy (blank for a model
+    without one) and test loss; then the centralized reference's (``peer`` =
+    ``centralized``, at ``--steps``)."""
+    polled = {peer.peer_id: peer.status for peer in swarm.peers}
+    for entry in results["peers"]:
+        if "test_accuracy" not in entry:
+            continue  # failed or stopped before evaluating: its polled rows say where
+        status = {
+            **polled.get(entry["id"], {}),
+            "step": entry["step"],
+            "exchanges_ok": entry.get("exchanges_ok"),
+            "exchanges_failed": entry.get("exchanges_failed"),
+        }
+        status.pop("exchanges", None)  # the evaluation's counts are the final ones
+        logbook.record_status(
+            status,
+            peer=entry["id"],
+            accuracy=entry["test_accuracy"],
+            test_loss=entry.get("test_loss"),
+        )
+    centralized = results["centralized"]
+    if centralized.get("test_accuracy") is not None:
+        logbook.record_status(
+            {"step": results["steps"]},
+            peer="centralized",
+            accuracy=centralized["test_accuracy"],
+            test_loss=centralized.get("test_loss"),
+        )
+
+
+def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--save-model FILE``: the average of the models the honest peers that did not fail
+    wrote (``x_bar = (1/n) sum_i x_i``, :func:`peer.app.export.average_models`). Returns FILE
+    (or None) and a one-line problem (or None); sets ``args``' note for the summary line."""
+    from peer.app.export import ExportError, average_models
+
+    honest = args.peers - getattr(args, "byzantine_count", 0)
+    sources = [
+        peer.model_file
+        for peer in swarm.peers
+        if peer.index < honest and not peer.failed() and peer.model_file.is_file()
+    ]
+    if not sources:
+        return None, "--save-model: no peer wrote a model to average"
+    try:
+        written = average_models(sources, Path(args.save_model))
+    except ExportError as error:
+        return None, f"--save-model: {error}"
+    args.model_note = f"saved the average of {len(sources)} peers' models to {written}"
+    return str(written), None
+
+
+def demo_main(argv: Sequence[str], prog: str = "gossipnet demo") -> int:
+    """``gossipnet demo``: :func:`main` with :data:`DEMO_DEFAULTS`."""
+    return main(argv, prog, demo=True)

@@ -1,0 +1,324 @@
+"""One ``gossipnet peer`` run from its parsed flags: build the peer, train, report.
+
+:func:`build_peer` turns the workload flags into a :class:`~peer.node.peer.Peer` (data set,
+this peer's shard of the partition, model, SGD with momentum, endless batches).
+:func:`run_peer` is the process's life: start, print ``peer ID listening on ADDRESS``
+(and ``--address-file``), wait for ``--wait-for-peers``, train in chunks of
+``--status-every`` steps until ``--steps`` more steps (counted from the resumed step
+after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stderr, or
+a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
+evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
+final JSON status line. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
+:mod:`peer.node.logbook`) per chunk and a last one with the test accuracy. A join that no ``--join`` address answered within
+``--join-timeout-s`` is one error line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peer.app.export import ModelRecipe, save_model, sidecar_path
+from peer.node.config import PeerConfig, resolve_device
+from peer.node.logbook import Logbook
+from peer.node.peer import JoinError, Peer
+from workloads import Dataset, build_model, load_dataset, partition, peer_batches
+
+
+def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
+    """The peer the flags describe, and the data set it trains on (its test split is
+    what ``--eval-out`` measures). Raises ``ValueError`` naming the flag on bad input."""
+    torch.set_num_threads(1)
+    _check_save_model(getattr(args, "save_model", None), getattr(args, "eval_out", None))
+    data = load_dataset(args.dataset)
+    shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
+    model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+    lr, momentum = args.lr, args.momentum
+
+    def optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+    batches = peer_batches(
+        data,
+        shards[args.peer_index],
+        batch_size=args.batch_size,
+        seed=args.seed,
+        peer=args.peer_index,
+    )
+    try:  # checked when a peer is built; named by flag here
+        resolve_device(config.device)
+    except ValueError as error:
+        raise ValueError(f"--device: {error}") from None
+    recipe = ModelRecipe(
+        model=args.model,
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        dataset=args.dataset,
+        seed=args.seed,
+    )
+    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config, recipe=recipe)
+    return peer, data
+
+
+def _check_save_model(path: str | None, eval_out: str | None = None) -> None:
+    """``--save-model FILE`` must be writable where it is named, and its description
+    (FILE with suffix ``.json``) must not be ``--eval-out``; checked before training."""
+    if path is None:
+        return
+    target = Path(path)
+    if eval_out is not None and Path(eval_out).resolve() == target.with_suffix(".json").resolve():
+        raise ValueError(
+            f"--eval-out: {eval_out} is where --save-model {path} writes its description; "
+            "pick another file"
+        )
+    if target.suffix == ".json":
+        raise ValueError(
+            f"--save-model: FILE must not end in .json (FILE.json is its description), got {path}"
+        )
+    if not target.parent.is_dir():
+        raise ValueError(f"--save-model: folder {target.parent} does not exist (for {path})")
+
+
+async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
+    """Run ``peer`` as the flags say until done or signalled; returns the exit code: 0, or
+    2 when no ``--join`` address answered (one line on stderr naming it). With
+    ``--log-dir`` (``PeerConfig.log_dir``) a :class:`~peer.node.logbook.Logbook` records a row
+    per chunk of ``--status-every`` steps (the cadence of the status lines, live or not)
+    and a last one after the stop, with the test accuracy when ``--eval-out`` evaluated."""
+    logbook = None
+    if peer.config.log_dir is not None:  # opened before the peer starts: a problem stops here
+        logbook = await asyncio.to_thread(Logbook.open, peer.config.log_dir, run_name=peer.peer_id)
+    try:
+        return await _run(peer, data, args, logbook)
+    finally:
+        if logbook is not None:
+            await asyncio.to_thread(logbook.close)
+
+
+async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Logbook | None) -> int:
+    """:func:`run_peer`'s body: start, train in chunks, hold, stop, evaluate, save."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
+    try:
+        await peer.start()
+    except JoinError as error:
+        print(f"gossipnet peer: error: {join_failure(error, peer.config.join)}", file=sys.stderr)
+        return 2
+    rate = _Rate(peer)
+    progress = asyncio.ensure_future(_live_line(peer, rate, stop)) if live else None
+    try:
+        where = peer.address or "(client-only)"
+        print(f"peer {peer.peer_id} listening on {where}", flush=True)
+        if peer.resumed_from is not None:
+            more = (
+                f"; --steps {args.steps} counts from here: stopping at step "
+                f"{peer.step + args.steps}"
+                if args.steps
+                else ""
+            )
+            print(f"resumed from {peer.resumed_from} at step {peer.step}{more}", flush=True)
+        if args.address_file and peer.address:
+            _write_atomically(args.address_file, peer.address)
+        stopping = asyncio.ensure_future(stop.wait())
+        if args.wait_for_peers:
+            waiting = asyncio.ensure_future(peer.wait_for_members(args.wait_for_peers))
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        target = peer.step + args.steps if args.steps else None
+        while not stop.is_set() and (target is None or peer.step < target):
+            chunk = (
+                args.status_every if target is None else min(args.status_every, target - peer.step)
+            )
+            training = asyncio.ensure_future(peer.run(steps=chunk))
+            await asyncio.wait({training, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                training.cancel()
+                await asyncio.gather(training, return_exceptions=True)
+                break
+            training.result()
+            if not live:
+                print(json.dumps(_status_line(peer, rate)), flush=True)
+            await _record(logbook, peer)
+        if args.hold and not stop.is_set():
+            print(json.dumps({**_status_line(peer, rate), "holding": True}), flush=True)
+            await stopping
+        stopping.cancel()
+    finally:
+        if progress is not None:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+        await peer.stop()
+    final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
+    evaluation = None
+    if args.eval_out:
+        evaluation = await _write_evaluation(peer, data, args)
+        final["test_accuracy"] = evaluation["test_accuracy"]
+    await _record(logbook, peer, evaluation)
+    model_file = getattr(args, "save_model", None)
+    if model_file:
+        final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
+    print(json.dumps(final), flush=True)
+    return 0
+
+
+async def _record(
+    logbook: Logbook | None, peer: Peer, evaluation: dict[str, Any] | None = None
+) -> None:
+    """One ``--log-dir`` row from the peer's status, written off the event loop; with an
+    ``evaluation`` (``--eval-out``) also the test accuracy (blank for a model without one,
+    ``None``) and the test loss (TensorBoard's ``test_loss``)."""
+    if logbook is None:
+        return
+    status = peer.status()
+    if evaluation is None:
+        await asyncio.to_thread(logbook.record_status, status)
+        return
+    accuracy, test_loss = evaluation["test_accuracy"], evaluation["test_loss"]
+    await asyncio.to_thread(
+        lambda: logbook.record_status(status, accuracy=accuracy, test_loss=test_loss)
+    )
+
+
+def join_failure(error: JoinError, join: Sequence[str]) -> str:
+    """One line for a join that failed: the ``--join`` addresses (and how many members the
+    resumed checkpoint remembered), what to do, and each address's last error."""
+    flags = [a for a in error.addresses if a in join]
+    remembered = len(error.addresses) - len(flags)
+    also = f" (and {remembered} members remembered by the checkpoint)" if remembered else ""
+    hint = (
+        f"no answer within {error.timeout_s:g} s; start that peer first, check the address, "
+        "or raise --join-timeout-s"
+        if error.unreachable
+        else "refused"
+    )
+    reasons = "; ".join(error.reasons.get(a, f"{a}: not tried") for a in error.addresses)
+    return f"--join {' '.join(flags)}{also}: {hint} ({reasons})"
+
+
+def _save_model(peer: Peer, path: str, evaluation: dict[str, Any] | None) -> Path:
+    """Write ``--save-model``'s pair (the model and its JSON) under the model lock."""
+    if peer.recipe is None:
+        raise RuntimeError("the peer has no ModelRecipe to record with --save-model")
+    scores = None
+    if evaluation is not None:
+        scores = {key: evaluation[key] for key in ("test_loss", "test_accuracy", "test_samples")}
+    with peer.lock:
+        written = save_model(
+            path,
+            peer.model,
+            peer.recipe,
+            step=peer.step,
+            peer_id=peer.peer_id,
+            evaluation=scores,
+        )
+    print(f"saved model {written} and {sidecar_path(written).name}", flush=True)
+    return written
+
+
+async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate on the test split and write ``--eval-out``'s JSON; returns the report."""
+    result = await asyncio.to_thread(peer.evaluate, data.x_test, data.y_test)
+    report = {
+        "id": peer.peer_id,
+        "step": peer.step,
+        "test_loss": result["loss"],
+        "test_accuracy": result["accuracy"],
+        "test_samples": int(result["samples"]),
+        "batch_size": args.batch_size,
+        "exchanges_ok": peer.health.exchanges_ok,
+        "exchanges_failed": peer.health.exchanges_failed,
+        "isolated": peer.health.isolated,
+        "byzantine": peer.config.byzantine,
+    }
+    _write_atomically(args.eval_out, json.dumps(report))
+    return report
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it, so a reader
+    polling for the file never sees half of it."""
+    temp = Path(path + ".tmp")
+    temp.write_text(text)
+    temp.replace(path)
+
+
+class _Rate:
+    """Bytes per second (in + out) since the previous reading."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.last = (time.monotonic(), self._total())
+        self.value = 0.0
+
+    def _total(self) -> float:
+        return self.peer.metrics.bytes_total("in") + self.peer.metrics.bytes_total("out")
+
+    def read(self) -> float:
+        now, total = time.monotonic(), self._total()
+        then, before = self.last
+        if now - then >= 0.2:
+            self.value = (total - before) / (now - then)
+            self.last = (now, total)
+        return self.value
+
+
+async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
+    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    def line() -> Text:
+        status = _status_line(peer, rate)
+        loss = status["loss"]
+        neighbours = status["neighbours"]
+        assert isinstance(neighbours, list)
+        return Text(
+            f"peer {peer.peer_id}  step {status['step']}  "
+            f"loss {'-' if loss is None else f'{loss:.4f}'}  "
+            f"neighbours {len(neighbours)}  {human_bytes(rate.read())}/s"
+        )
+
+    with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
+        try:
+            while not stop.is_set():
+                live.update(line(), refresh=True)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+        finally:  # the last frame stays on screen: the final state
+            live.update(line(), refresh=True)
+
+
+def human_bytes(value: float) -> str:
+    """``1536`` -> ``"1.5 KB"`` (powers of 1000, as network rates are quoted)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(value) < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"  # pragma: no cover
+
+
+def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
+    """The status line printed per chunk: id, round, step, loss, bytes, live neighbours
+    (and bytes/s with a ``rate``)."""
+    status = peer.status()
+    line = {
+        key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
+    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
+    if rate is not None:
+        line["bytes_per_s"] = round(rate.read(), 1)
+    return line

@@ -1,0 +1,405 @@
+"""The synchronous round (``mode="sync"``): publish, exchange, deadline, combine.
+
+D-PSGD rounds (Lian et al., NeurIPS 2017) through the configured rule's ``combine``
+(``gossip.DecentralizedSGD.combine`` by default): x_i <- w_ii x_i + sum_j w_ij x_j with
+uniform w_ij = 1/(k+1) over the k known members, or with ``PeerConfig.topology`` row i
+of the topology's W_t (:mod:`peer.node.topology`). Round t of a peer:
+
+1. hand the rule the messages that came after their round mixed (``late``);
+2. publish this round's message (the rule's ``message``: the model, a delta, push-sum's
+   ``[x, w]``, CHOCO's increment), encoded once and decoded as receivers will;
+3. one round trip per pair: the smaller id calls, the callee stores the caller's
+   round-t message and answers with its own once it has published round t; a
+   smaller-id neighbour not heard from after a quarter of the deadline is called too;
+4. neighbours that miss ``round_deadline_s`` are masked out, so their weight folds into
+   the self weight (consensus's mask convention), and the rule combines what arrived.
+
+A message up to ``LATE_ROUNDS`` rounds ahead (a faster neighbour's) is kept for its
+round; one up to ``LATE_ROUNDS`` late goes to the rule's ``late`` at the next round's
+start (or in ``settle``). A Byzantine peer (``PeerConfig.byzantine``) replaces every
+message it sends with ``consensus.byzantine_message``. Tensor work runs in worker
+threads (``asyncio.to_thread``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import torch
+
+import consensus
+from gossip.algorithms import neighbourhood_fits
+from peer.node.core import PeerCore
+from peer.node.membership import Member
+from peer.protocol.errors import ALIVE_REFUSALS, Busy, ProtocolError
+from peer.protocol.threads import in_thread
+from peer.protocol.wire import Envelope
+from peer.transport.client import PeerUnavailable, RemoteRefused
+
+logger = logging.getLogger(__name__)
+
+LATE_ROUNDS = 4
+"""A sync message up to this many rounds late is still handed to the rule (``late``); an
+older one is dropped (for CHOCO that leaves a public copy behind: the peer warns)."""
+
+
+class SyncRound(PeerCore):
+    """The sync room of a :class:`~peer.node.peer.Peer`: one round (``_gossip_sync``), the
+    callee's answer (``_sync_answer``), the inbox of neighbours' messages and ``settle``."""
+
+    _inbox: dict[str, dict[int, torch.Tensor]]
+    """Neighbours' messages by sender and round, until their round mixes."""
+    _heard: dict[str, set[int]]
+    """Recent rounds each sender's message came for (a round counts once)."""
+    _delivered: dict[str, int]
+    """The newest round of ours each neighbour has."""
+    _awaiting: dict[str, int]
+    """Callers waiting for our reply, by their round."""
+    _sent: torch.Tensor | None
+    """This round's message as receivers decode it."""
+    _published: Envelope | None
+    """This round's message as sent (the callee's reply)."""
+    _starved: bool
+    """Whether the last round had too few models for the rule."""
+    _changed: asyncio.Condition | None
+    """Notified when a message arrives or a round is published (made by ``start``)."""
+
+    def _init_sync_round(self) -> None:
+        self._inbox = {}
+        self._heard = {}
+        self._delivered = {}
+        self._awaiting = {}
+        self._sent = None
+        self._published = None
+        self._starved = False
+        self._changed = None
+
+    async def settle(self) -> None:
+        """Hand the rule the messages that arrived after this peer's last round (sync mode).
+
+        Call it once the swarm has stopped exchanging and before reading the final model:
+        push-sum adds the late mass and CHOCO the late increments (``late`` of the rule),
+        so nothing sent is left out; D-PSGD drops them, as it does every round.
+        """
+        if self._changed is None:
+            raise RuntimeError("peer is not started: await peer.start() first")
+        async with self._changed:
+            overdue = self._take_late(self.round)
+        if overdue:
+            await asyncio.to_thread(self._late_locked, overdue, self.round)
+
+    # ------------------------------------------------------------------ one round
+
+    async def _gossip_sync(self) -> int:
+        assert self._changed is not None
+        t = self.round
+        async with self._changed:
+            overdue = self._take_late(t)
+        if overdue:
+            await asyncio.to_thread(self._late_locked, overdue, t)
+        payload, sent = await in_thread(self._message_locked)
+        async with self._changed:
+            self._published = self._envelope_of(payload)
+            self._sent = sent
+            self._changed.notify_all()
+        expected = self._expected()
+        failed: set[str] = set()
+        envelope = self._published
+
+        def done(peer_id: str) -> bool:
+            return peer_id in failed or t in self._inbox.get(peer_id, {})
+
+        def complete() -> bool:
+            return all(done(j) for j in expected)
+
+        # One round trip per pair: we call neighbours with a larger id (a client-only
+        # peer calls everyone) and expect the others to call us. A smaller-id neighbour
+        # whose model has not arrived after a quarter of the deadline is called too,
+        # so a dead or lagging one is still detected and suspected.
+        eager: list[Member] = []
+        lazy: list[Member] = []
+        for member in self._neighbours():
+            if self._delivered.get(member.id, -1) >= t or self._awaiting.get(member.id, t + 1) <= t:
+                continue  # it called us this round: our reply carries (or carried) round t
+            if t in self._inbox.get(member.id, {}):
+                # it called us ahead of us and got an older round: push it ours now, so no
+                # round's message is lost (CHOCO's copies and push-sum's mass need every one)
+                eager.append(member)
+                continue
+            (eager if self.address is None or member.id > self.peer_id else lazy).append(member)
+        tasks = [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in eager]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.round_deadline_s
+        patience = loop.time() + self.config.round_deadline_s / 4
+        no_one: list[Member] = []
+        for until, then_call in ((patience, lazy), (deadline, no_one)):
+            async with self._changed:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(complete), max(until - loop.time(), 0)
+                    )
+            late = [m for m in then_call if not done(m.id) and self._delivered.get(m.id, -1) < t]
+            tasks += [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in late]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        present = [j for j in expected if t in self._inbox.get(j, {})]
+        mixed, weights = self._mixing_row(expected, t)
+        arrived = sum(j in present for j in mixed)
+        if mixed and not self._fits(arrived + 1):
+            mixed = []  # keep our own model this round, as the simulator freezes such a row
+        if mixed:
+            received = torch.stack([self._inbox[j][t] if j in present else sent for j in mixed]).to(
+                self.device, self.spec.dtype
+            )
+            mask = torch.tensor([j in present for j in mixed], device=self.device)
+            self_weight = None if self.topology is None else self.topology.self_weight(t)
+            await asyncio.to_thread(
+                self._combine_locked, sent.to(self.device), received, weights, mask, self_weight
+            )
+        for j in present:  # a message that comes after this mix is late (next round's start)
+            self._inbox[j].pop(t, None)
+        self.health.record(ok=len(present), failed=len(expected) - len(present))
+        return len(present)
+
+    def _fits(self, size: int) -> bool:
+        """Whether the rule can mix ``size`` models; warns once when it starts not to."""
+        fits = bool(neighbourhood_fits(self.aggregator, torch.tensor([size])).item())
+        if not fits and not self._starved:
+            logger.warning(
+                "peer %s: round %d has %d model(s) (own + arrived), too few for aggregator %s; "
+                "keeping its own model until enough neighbours answer",
+                self.peer_id,
+                self.round,
+                size,
+                self.config.aggregator,
+            )
+        elif fits and self._starved:
+            logger.info("peer %s: enough neighbours again, mixing resumes", self.peer_id)
+        self._starved = not fits
+        return fits
+
+    def _expected(self) -> list[str]:
+        """Whose round-t model we wait for: neighbours we call, and client-only members
+        (no address) heard from within the last three deadlines; with a topology, the
+        round's partners among them."""
+        recent = time.monotonic() - 3 * self.config.round_deadline_s
+        members = [
+            m
+            for m in self.membership.members("alive", "suspected")
+            if m.address is not None or m.last_seen >= recent
+        ]
+        if self.topology is not None:
+            partners = self.topology.partners(self.round)
+            members = [m for m in members if m.address in partners]
+        return [m.id for m in members]
+
+    def _mixing_row(self, expected: list[str], t: int) -> tuple[list[str], torch.Tensor]:
+        """Whom round t mixes and with which off-diagonal weights W_ij.
+
+        Without a topology: every expected member, uniform 1/(k+1). With one: the
+        members row i of W_t receives from, with their W_ij (a partner we only send
+        to is left out); an absent member's weight folds into the self weight.
+        """
+        dtype = self.spec.dtype
+        if self.topology is None:
+            weight = 1.0 / (len(expected) + 1)
+            return expected, torch.full((len(expected),), weight, dtype=dtype, device=self.device)
+        row = self.topology.weights(t)
+        addresses = {m.id: m.address for m in self.membership.members()}
+        mixed = [j for j in expected if addresses.get(j) in row]
+        values = [row[addresses[j]] for j in mixed]  # type: ignore[index]
+        return mixed, torch.tensor(values, dtype=dtype, device=self.device)
+
+    async def _sync_call(self, member: Member, envelope: Envelope, failed: set[str]) -> None:
+        assert member.address is not None and self._changed is not None
+        try:
+            if self.attack is not None:
+                envelope = await self._attacked(envelope, member.id, None)
+            # signed for member.id, and answered by it (else UnknownPeer)
+            reply = await self._client().exchange(
+                member.address, envelope, receiver=member.id, codecs=self.codecs
+            )
+            codec = self.codecs[reply.codec]
+            vector = await in_thread(codec.decode, reply.payload, self.message_spec)
+        except RemoteRefused as error:
+            busy = error.code in ALIVE_REFUSALS  # at one of its bounds: alive
+            self.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
+            if not busy:
+                self._failed(member, error)
+            failed.add(member.id)
+        except (PeerUnavailable, ProtocolError) as error:
+            self.metrics.exchanges(role="caller", outcome="failed").inc()
+            self._failed(member, error)
+            failed.add(member.id)
+        else:
+            self.membership.record_success(member.id)
+            self.metrics.exchanges(role="caller", outcome="ok").inc()
+            self._delivered[member.id] = max(envelope.round, self._delivered.get(member.id, -1))
+            self._store(reply.sender, reply.round, vector)
+        async with self._changed:
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ callee
+
+    async def _sync_answer(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
+        """Answer a neighbour's ``POST /v1/exchange`` in sync mode: store its message, and
+        reply with our message of its round once we have published it (or, after the
+        deadline, the newest we have)."""
+        assert self._changed is not None
+        async with self._changed:
+            self._store(envelope.sender, envelope.round, vector)
+            self._changed.notify_all()
+            self._awaiting[envelope.sender] = envelope.round  # our reply will carry that round
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(
+                            lambda: (
+                                self._published is not None
+                                and self._published.round >= envelope.round
+                            )
+                        ),
+                        self.config.round_deadline_s,
+                    )
+            finally:
+                self._awaiting.pop(envelope.sender, None)
+            reply = self._published
+            if reply is not None:
+                self._delivered[envelope.sender] = max(
+                    reply.round, self._delivered.get(envelope.sender, -1)
+                )
+        if reply is None:  # no round of ours yet
+            if not self.algorithm.message_is_model:  # nothing the rule has accounted for
+                raise Busy(f"{self.peer_id} has not published a round yet")
+            reply = await in_thread(lambda: self._envelope(self._snapshot()))
+        if self.attack is not None:
+            if self._sent is None:
+                raise Busy(f"{self.peer_id} has not published a round yet")
+            reply = await self._attacked(reply, envelope.sender, vector)
+        return reply
+
+    async def _attacked(
+        self, envelope: Envelope, receiver: str, target: torch.Tensor | None
+    ) -> Envelope:
+        """A Byzantine peer's message to ``receiver``: ``consensus.byzantine_message`` on this
+        round's message, as the simulator's injection computes it.
+
+        An attack that reads the honest messages (ALIE, IPM, dissensus, mimic) sees what a
+        real attacker can: the receiver's message when it called us first (else our own),
+        and the messages our other neighbours sent us this round, with uniform weights.
+        The simulator's injection is omniscient instead (the receiver's whole neighbourhood);
+        docs/consensus.md says so.
+        """
+        assert self.attack is not None and self._sent is not None
+        own = self._sent
+        honest = [
+            rounds[envelope.round]
+            for sender, rounds in self._inbox.items()
+            if sender != receiver and envelope.round in rounds
+        ]
+
+        def attack() -> Envelope:
+            view: dict[str, Any] = {}
+            if self.attack is not None and self.attack.needs_honest:
+                weight = 1.0 / (len(honest) + 2)
+                view = {
+                    "target": own if target is None else target.to(own.dtype),
+                    "honest": torch.stack(honest).to(own.dtype)
+                    if honest
+                    else own.new_zeros((0, own.numel())),
+                    "honest_weights": own.new_full((len(honest),), weight),
+                    "byzantine_weight": weight,
+                    "byzantine_count": 1,
+                }
+            assert self.attack is not None
+            message = consensus.byzantine_message(
+                self.attack, own, generator=self._attack_generator, **view
+            )
+            return dataclasses.replace(envelope, payload=self.codec.encode(message.cpu()))
+
+        return await in_thread(attack)
+
+    # ------------------------------------------------------------------ inbox and the rule
+
+    def _store(self, sender: str, round_: int, vector: torch.Tensor) -> None:
+        """Keep a neighbour's message for this round or a later one, or a late one, within
+        the rule's window (:meth:`_window`); others are dropped."""
+        heard = self._heard.setdefault(sender, set())
+        if round_ in heard:  # a round's message counts once (a reply may repeat one)
+            return
+        behind, ahead = self._window()
+        if self.round - behind <= round_ <= self.round + ahead:
+            self._inbox.setdefault(sender, {})[round_] = vector
+            heard.add(round_)
+            heard.difference_update([r for r in heard if r < self.round - LATE_ROUNDS])
+        elif round_ < self.round and behind:
+            logger.warning(
+                "peer %s: dropped %s's message of round %d, more than %d rounds late",
+                self.peer_id,
+                sender,
+                round_,
+                LATE_ROUNDS,
+            )
+
+    def _window(self) -> tuple[int, int]:
+        """Rounds behind and ahead of ours whose messages are kept. Where a message is the
+        model (D-PSGD, local SGD), a late one is stale and one round ahead suffices (the
+        inbox holds at most 2 per neighbour); push-sum's mass and CHOCO's increments must
+        all arrive, so up to LATE_ROUNDS either way (docs/protocol.md counts the copies)."""
+        if self.algorithm.message_is_model:
+            return 0, 1
+        return LATE_ROUNDS, LATE_ROUNDS
+
+    def _take_late(self, t: int) -> list[tuple[str, int, torch.Tensor]]:
+        """Inbox messages of rounds before ``t``: they came after their round mixed."""
+        late = []
+        for sender, rounds in self._inbox.items():
+            for r in [r for r in rounds if r < t]:
+                late.append((sender, r, rounds.pop(r)))
+        return late
+
+    def _message_locked(self) -> tuple[dict[str, Any], torch.Tensor]:
+        """This round's message (the rule's ``message``), encoded once for every neighbour,
+        and decoded as they will decode it (the ``sent`` the rule combines with)."""
+        with self.lock, torch.no_grad():
+            # a copy: the payload views it, and is served for this round after the model moves
+            message = self.algorithm.message(self.gossip_state).detach().to("cpu", copy=True)
+        payload = self.codec.encode(message)
+        # what a receiver decodes (CHOCO combines with exactly that)
+        return payload, self.codecs[self.codec.name].decode(payload, self.message_spec)
+
+    def _late_locked(self, late: list[tuple[str, int, torch.Tensor]], t: int) -> None:
+        """``late(state, sum_j W_ij m_j, sum_j r_j W_ij m_j)`` with each message's own round's
+        weights (0 for a sender that row of W does not receive from) and lateness r_j."""
+        if self.topology is None:
+            return  # uniform mixing (dpsgd only): a late model is stale and dropped
+        addresses = {m.id: m.address for m in self.membership.members()}
+        arrived = torch.zeros(self.message_spec.numel, dtype=self.spec.dtype, device=self.device)
+        missed = torch.zeros_like(arrived)
+        for sender, r, vector in late:
+            weight = self.topology.weights(r).get(addresses.get(sender) or "", 0.0)
+            if weight:
+                value = vector.to(self.device, self.spec.dtype)
+                arrived.add_(value, alpha=weight)
+                missed.add_(value, alpha=weight * (t - r))
+        with self.lock:
+            self.algorithm.late(self.gossip_state, arrived, missed)
+
+    def _combine_locked(
+        self,
+        sent: torch.Tensor,
+        received: torch.Tensor,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        self_weight: float | None,
+    ) -> None:
+        """The rule's ``combine`` of this round's message with what arrived, under the lock."""
+        with self.lock:
+            diagonal = None if self_weight is None else torch.tensor(self_weight)
+            self.algorithm.combine(self.gossip_state, sent, received, weights, mask, diagonal)

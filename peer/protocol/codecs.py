@@ -1,0 +1,242 @@
+"""Codecs: how a flat vector becomes an envelope's payload and back, over gossip's one table.
+
+A peer implements no codec itself. Every codec of :mod:`gossip.compression` (``none``,
+``fp16``, ``bf16``, ``qsgd``, ``topk``, ``randk``, with their parameters and ``feedback``)
+is sent and received as exactly the compressor's msgpack-ready payload, which carries its
+own ``codec`` field (it must equal the envelope's). ``none`` is gossip's
+:class:`~gossip.compression.NoCompression`: the vector's raw little-endian bytes in its own
+dtype, sent without a copy and decoded as a read-only view of the received bytes.
+
+Which codec an algorithm may send is the configuration's to decide
+(``gossip.GossipConfig``: sparsifiers only with CHOCO, whose messages are deltas); here
+every codec can be built and every one is accepted.
+
+Every ``decode`` validates against a :class:`~peer.protocol.wire.ModelSpec` (its ``numel`` is the
+message's length: the model's, or push-sum's ``d + 1``): for ``none`` the dtype must be the
+model's, and gossip checks the rest (field set, lengths, indices, levels, finiteness) and
+reports a hostile payload as a :class:`gossip.PayloadError` whose ``kind``
+:data:`PAYLOAD_ERRORS` maps to one typed protocol error (no message matching), so the
+server answers 4xx before anything touches the model. The result is a ``[numel]`` tensor
+in the spec's dtype; never write into it (it may share memory with the received bytes).
+
+Error feedback is sender state. A sender that broadcasts one message to all its
+neighbours keeps one residual (:func:`build_codec`); a sender whose message differs per
+neighbour (a pairwise exchange, CHOCO) keeps one per link and direction:
+:class:`LinkEncoders`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+from gossip import compression
+from gossip.configuration import DENSE_COMPRESSORS
+from peer.protocol.errors import (
+    DTypeMismatch,
+    MalformedBody,
+    NonFiniteValues,
+    ProtocolError,
+    ShapeMismatch,
+    UnknownCodec,
+)
+from peer.protocol.wire import ModelSpec
+
+__all__ = [
+    "DENSE_CODECS",
+    "PAYLOAD_ERRORS",
+    "Codec",
+    "CompressorCodec",
+    "DenseCodec",
+    "LinkEncoders",
+    "build_codec",
+    "receiving_codecs",
+]
+
+DENSE_CODECS = DENSE_COMPRESSORS
+"""Codecs that send every coordinate (``none``, ``fp16``, ``bf16``, ``qsgd``): the ones
+that suit a message that is a model rather than a delta (``gossip.DENSE_COMPRESSORS``)."""
+
+
+class Codec(Protocol):
+    """Encodes a flat ``[d]`` vector into a msgpack-ready payload and decodes it, validated."""
+
+    name: str
+
+    def encode(self, vector: torch.Tensor) -> dict[str, Any]: ...
+
+    def decode(self, payload: Mapping[str, Any], spec: ModelSpec) -> torch.Tensor: ...
+
+
+PAYLOAD_ERRORS: dict[compression.PayloadErrorKind, type[ProtocolError]] = {
+    "codec": UnknownCodec,
+    "field": MalformedBody,
+    "parameter": MalformedBody,
+    "dtype": DTypeMismatch,
+    "length": ShapeMismatch,
+    "index": MalformedBody,
+    "value": MalformedBody,
+    "non_finite": NonFiniteValues,
+}
+"""The typed protocol error (and so the HTTP status) for each :data:`gossip.PAYLOAD_ERROR_KINDS`."""
+
+
+def _typed(error: compression.PayloadError) -> ProtocolError:
+    """gossip's :class:`~gossip.PayloadError` on a hostile payload, as a typed protocol error."""
+    return PAYLOAD_ERRORS[error.kind](f"payload: {error}")
+
+
+def _build(spec: str) -> compression.Compressor:
+    try:
+        return compression.build_compressor(spec)
+    except ValueError as error:
+        raise ValueError(f"codec: {error}") from None
+
+
+class CompressorCodec:
+    """A gossip compressor as an envelope codec: any spec ``gossip.build_compressor`` takes.
+
+    ``encode`` sends the compressor's payload, randomized codecs (qsgd, randk) drawing from a
+    generator seeded with ``seed``. ``decode`` dispatches on the payload (qsgd's bits and
+    block and the sparsifiers' k travel in it), so a receiver accepts any parameters of the
+    codec the envelope names.
+
+    >>> codec = CompressorCodec("qsgd:bits=4", seed=1)
+    >>> payload = codec.encode(torch.ones(8))
+    >>> codec.decode(payload, ModelSpec(numel=8))
+    tensor([1., 1., 1., 1., 1., 1., 1., 1.])
+    """
+
+    def __init__(self, spec: str = "none", *, seed: int = 0) -> None:
+        self.compressor = _build(spec)
+        self.name = self.compressor.codec
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def encode(self, vector: torch.Tensor) -> dict[str, Any]:
+        """The compressor's payload for ``vector [d]`` (a ``none`` payload views its memory:
+        pack it before writing into ``vector``)."""
+        return dict(self.compressor.encode(vector, self.generator))
+
+    def decode(
+        self, payload: Mapping[str, Any], spec: ModelSpec, *, finite: bool = True
+    ) -> torch.Tensor:
+        """The validated ``[spec.numel]`` vector in ``spec.dtype``; a typed
+        :class:`~peer.protocol.errors.ProtocolError` for anything wrong. ``finite=False`` (the ``none``
+        codec only) leaves the finiteness of the values to the caller, who checks them as it
+        uses them (``peer.node.pairwise``: the caller adopting an answer)."""
+        if not isinstance(payload, Mapping):
+            raise MalformedBody(f"payload must be a map, got {type(payload).__name__}")
+        if "codec" not in payload:
+            raise MalformedBody("payload: payload field 'codec' is missing")
+        if payload["codec"] != self.name:
+            raise UnknownCodec(f"payload.codec must equal the envelope's codec {self.name!r}")
+        if self.compressor.lossless:
+            _require_model_dtype(payload, spec)
+        try:
+            if finite:
+                decoded = compression.decode(payload, spec.numel)
+            elif isinstance(self.compressor, compression.NoCompression):
+                decoded = self.compressor.decode(payload, spec.numel, finite=False)
+            else:
+                raise ValueError(f"finite=False decodes only the none codec, not {self.name!r}")
+        except compression.PayloadError as error:
+            raise _typed(error) from None
+        return decoded.to(spec.dtype)
+
+
+def _require_model_dtype(payload: Mapping[str, Any], spec: ModelSpec) -> None:
+    """A lossless payload must carry the local model's dtype (checked before its bytes)."""
+    wire = payload.get("dtype")
+    if isinstance(wire, str) and compression.WIRE_DTYPES.get(wire, spec.dtype) != spec.dtype:
+        expected = compression.WIRE_DTYPE_NAMES[spec.dtype]
+        raise DTypeMismatch(
+            f"payload: payload field 'dtype' must be {expected!r} (the local model's), got {wire!r}"
+        )
+
+
+class DenseCodec(CompressorCodec):
+    """``none``: the vector's raw little-endian bytes in the model's dtype, lossless.
+
+    gossip's :class:`~gossip.compression.NoCompression` payload
+    ``{"codec": "none", "dtype": "<f4", "data": <d * itemsize bytes>}``; about 20 bytes of
+    payload and 50 of envelope on top of the tensor bytes. Sending views the vector's memory
+    and decoding views the received bytes: no copy either way.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("none")
+
+
+def build_codec(spec: str, *, seed: int = 0) -> Codec:
+    """The codec for a spec string, e.g. ``none``, ``fp16``, ``qsgd:bits=4``, ``topk:ratio=0.1``.
+
+    ``seed`` seeds the randomness of stochastic codecs (qsgd's rounding, randk's choice).
+    Raises ``ValueError`` naming the allowed codecs and parameters for anything else. With
+    ``feedback=true`` the codec keeps one residual for everything it sends: right for a
+    message broadcast to every neighbour, see :class:`LinkEncoders` for one per link.
+    """
+    return CompressorCodec(spec, seed=seed)
+
+
+def receiving_codecs() -> dict[str, Codec]:
+    """A decoder for every codec a peer accepts, keyed by the envelope's codec name."""
+    return {name: CompressorCodec(name) for name in compression.COMPRESSORS}
+
+
+def _link_seed(seed: int, link: str) -> int:
+    """A 64-bit seed for one link's randomness, derived from the sender's seed and the link."""
+    digest = hashlib.sha256(f"{seed}:{link}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class LinkEncoders:
+    """A sender's codec state per link: error-feedback residual and generator per neighbour.
+
+    With error feedback (Seide et al. 2014; Stich et al. 2018) the sender keeps what it did
+    not send, ``e <- x + e - C(x + e)``; when the message differs per neighbour, the residual
+    of one link must not leak into another. Each link id (the neighbour's peer id) gets its
+    own compressor built from ``spec`` and its own generator, seeded from ``(seed, link)``,
+    so the same seed and link give the same payloads. Each direction of a link has its own
+    sender, so per link on the sending side is per link and direction.
+
+    >>> encoders = LinkEncoders("topk:ratio=0.5,feedback=true", seed=0)
+    >>> payload, sent = encoders.encode("peer-1", torch.tensor([4.0, -1.0, 0.5, 2.0]))
+    >>> sent
+    tensor([4., 0., 0., 2.])
+    >>> encoders.encode("peer-1", torch.zeros(4))[1]  # the residual goes out next
+    tensor([ 0.0000, -1.0000,  0.5000,  0.0000])
+    >>> encoders.encode("peer-2", torch.zeros(4))[1]  # another link has its own
+    tensor([0., 0., 0., 0.])
+    """
+
+    def __init__(self, spec: str, *, seed: int) -> None:
+        self.spec = spec
+        self.name = _build(spec).codec  # validates the spec up front
+        self.seed = seed
+        self._links: dict[str, tuple[compression.Compressor, torch.Generator]] = {}
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        """The links that hold state, in the order they first sent."""
+        return tuple(self._links)
+
+    def encode(self, link: str, vector: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+        """``(payload, decoded)`` of ``vector [d]`` for ``link``: what to send, and what the
+        neighbour will decode (in ``vector``'s dtype), updating the link's residual."""
+        if not isinstance(link, str) or not link:
+            raise ValueError(f"link must be a non-empty peer id, got {link!r}")
+        state = self._links.get(link)
+        if state is None:
+            state = (_build(self.spec), torch.Generator().manual_seed(_link_seed(self.seed, link)))
+            self._links[link] = state
+        compressor, generator = state
+        payload, decoded = compressor.encode_and_decode(vector, generator)
+        return dict(payload), decoded.to(vector.dtype)
+
+    def forget(self, link: str) -> None:
+        """Drop ``link``'s residual and generator (a neighbour evicted or gone); unknown links
+        are ignored. A later :meth:`encode` for it starts afresh."""
+        self._links.pop(link, None)
