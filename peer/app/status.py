@@ -5,7 +5,7 @@ is open (no secret needed). Exit codes: 0 shown, 1 the peer could not be
 reached or did not answer with a status, 2 a malformed URL or bad flags.
 
     $ gossipnet status 127.0.0.1:7000
-    peer a  (127.0.0.1:7000, async, protocol v1)
+    peer a  (127.0.0.1:7000, ad-psgd, protocol v2)
     step 1200  round 1200  loss 0.4312
     ...
     exchanges 1187 ok, 13 failed

@@ -3,8 +3,9 @@
 ``asyncio.to_thread`` returns its result through a ``concurrent.futures.Future`` chained to
 an asyncio future by callbacks that refer to each other: a reference cycle, so the result
 lives until Python's cyclic garbage collector runs. For a model-sized tensor that is a model
-copy held for nothing, per call (measured: a callee's memory grew by one model per exchange
-served until a collection). :func:`in_thread` hands the result over outside the futures.
+copy held for nothing, per call (docs/benchmarks.md, "Worker-thread results and garbage
+collection"). :func:`in_thread` hands the result over outside the futures, so nothing of
+the call outlives its use.
 """
 
 from __future__ import annotations

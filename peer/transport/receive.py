@@ -10,8 +10,8 @@ the head:
   :class:`asyncio.BufferedProtocol`; ``transport.set_protocol`` is public asyncio API, and
   asyncio's TLS transport supports buffered protocols too, decrypting straight into the
   buffer). What aiohttp's parser already fed to its stream is taken first.
-* The reader (:class:`peer.protocol.msgpack_stream.StreamReader`) then asks for the next bytes as
-  before (:meth:`DirectBody.read`: the msgpack header, from a small scratch buffer) or
+* The reader (:class:`peer.protocol.msgpack_stream.StreamReader`) then asks for the next bytes
+  (:meth:`DirectBody.read`: the msgpack header, from a small scratch buffer) or
   names where a large ``bin`` goes (:meth:`DirectBody.read_into`: the transport then calls
   ``recv_into`` on that slot of the arena: the kernel's copy is the only one). The MAC or
   digest of every chunk is computed as it lands, by the reader's callback.
@@ -28,10 +28,10 @@ must be closed after its answer (``Connection: close``: the caller reconnects, a
 millisecond on loopback, a TLS handshake over TLS). Only bodies of at least
 :data:`DIRECT_BODY_BYTES` are read this way.
 
-Everything else stays as it was: size caps and Content-Length are checked before a byte is
-read, the body deadline is the awaiting task's (a slow sender still times out: the waits
-here are cancellable and :meth:`DirectBody.abandon` undoes the switch), and a body without
-a Content-Length, chunked or content-encoded is read through aiohttp as before
+The rules of every other body hold here too: size caps and Content-Length are checked
+before a byte is read, the body deadline is the awaiting task's (a slow sender times out:
+the waits here are cancellable and :meth:`DirectBody.abandon` undoes the switch). A body
+without a Content-Length, chunked or content-encoded is read through aiohttp
 (:class:`ChunkSource`).
 """
 
