@@ -72,7 +72,6 @@ import contextlib
 import dataclasses
 import logging
 import threading
-import types
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -81,6 +80,7 @@ import torch
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.model_lock import ModelLock
 from peer.node.peer import Peer
+from peer.node.step_wrap import StepWrap
 from peer.node.trainer import Evaluation, LossFunction
 
 if TYPE_CHECKING:
@@ -91,10 +91,6 @@ __all__ = ["BackgroundPeer"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_SCHEDULER_MARK = "_wrapped_by_lr_sched"
-"""What ``torch.optim.lr_scheduler`` marks its own wrapper of ``optimizer.step`` with; ours
-carries the mark on when it wraps that wrapper, or the scheduler would warn that the step
-was overridden."""
 State = Literal["new", "running", "closed"]
 
 
@@ -195,8 +191,7 @@ class BackgroundPeer:
         self._stop_error: BaseException | None = None
         self._pending: concurrent.futures.Future[int] | None = None
         self._logbook: Logbook | None = None
-        self._wrapped: types.MethodType | None = None
-        self._replaced: Any = None
+        self._step_wrap = StepWrap(optimizer, self._step)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -233,7 +228,7 @@ class BackgroundPeer:
             self._shutdown()
             self._state = "closed"
             raise
-        self._install_step()
+        self._step_wrap.install()
         return self
 
     def close(self) -> None:
@@ -252,7 +247,7 @@ class BackgroundPeer:
         except Exception as error:
             errors.append(error)
         finally:
-            self._uninstall_step()
+            self._step_wrap.uninstall()
             self._shutdown()
         if self._stop_error is not None:
             errors.append(self._stop_error)
@@ -319,32 +314,6 @@ class BackgroundPeer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     # ------------------------------------------------------------------ the step
-
-    def _install_step(self) -> None:
-        """Wrap ``optimizer.step`` on this optimizer object (a bound method, as
-        ``torch.optim.lr_scheduler`` expects of it, so schedulers made later wrap ours)."""
-        optimizer = self.optimizer
-        inner: Callable[..., Any] = optimizer.step
-        self._replaced = optimizer.__dict__.get("step")
-
-        def step(_optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            return self._step(inner, args, kwargs)
-
-        if hasattr(inner, _SCHEDULER_MARK):  # a scheduler made before: its wrapper is inside
-            setattr(step, _SCHEDULER_MARK, True)
-        self._wrapped = types.MethodType(step, optimizer)
-        optimizer.step = self._wrapped  # type: ignore[method-assign]
-
-    def _uninstall_step(self) -> None:
-        """Restore ``optimizer.step``; if something wrapped ours since (a scheduler made
-        later), ours stays in its chain and passes straight through from now on."""
-        optimizer = self.optimizer
-        if self._wrapped is not None and optimizer.__dict__.get("step") is self._wrapped:
-            if self._replaced is None:
-                del optimizer.step
-            else:
-                optimizer.step = self._replaced  # type: ignore[method-assign]
-        self._wrapped = None
 
     def _step(
         self, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -1,14 +1,18 @@
-"""What a peer's server calls: the ``peer.transport.server.Service`` side of a :class:`~peer.node.peer.Peer`.
+"""What a peer's server calls: :class:`ServerHandlers`, a ``peer.transport.server.Service``.
 
 :func:`peer.transport.server.build_app` validates every request (signature, size caps, envelope,
-payload) and then calls one of these; they answer from the peer's state:
+payload) and then calls one of these; they answer from the peer's shared parts
+(:class:`~peer.node.context.PeerContext`) and its exchange mode:
 
-* ``on_exchange`` (``POST /v1/exchange``): the async callee (:mod:`peer.node.pairwise`) or
-  the sync callee (:mod:`peer.node.sync_round`), as ``PeerConfig.mode`` says;
+* ``on_exchange`` (``POST /v1/exchange``): the mode's answer, the async callee
+  (:mod:`peer.node.pairwise`) or the sync callee (:mod:`peer.node.sync_round`);
 * ``on_join`` (``POST /v1/join``): admit the newcomer, answer with the membership view;
 * ``peers_view`` (``GET /v1/peers``), ``state_envelope`` (``GET /v1/state``: the model,
   uncompressed, for a newcomer to start from);
 * ``status`` (``GET /v1/status``) and ``render_metrics`` (``GET /metrics``).
+
+Every attribute the server reads is a typed attribute here, the optional limits included
+(``None``: the server's default).
 """
 
 from __future__ import annotations
@@ -18,24 +22,57 @@ from typing import Any
 
 import torch
 
+from peer.node.context import PeerContext
 from peer.node.membership import check_address
-from peer.node.pairwise import PairwiseExchange
-from peer.node.sync_round import SyncRound
-from peer.protocol.codecs import DenseCodec
+from peer.node.metrics import PeerMetrics
+from peer.node.modes import ExchangeMode
+from peer.protocol.auth import RequestVerifier
+from peer.protocol.codecs import Codec, DenseCodec
 from peer.protocol.errors import InvalidSender, MalformedBody, UnknownPeer
 from peer.protocol.threads import in_thread
-from peer.protocol.wire import PROTOCOL_VERSION, Envelope, check_sender
+from peer.protocol.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_sender
+from peer.transport.admission import ServingShare
 
 
-class ServerHandlers(PairwiseExchange, SyncRound):
-    """The server-facing room of a :class:`~peer.node.peer.Peer` (``peer.transport.server.Service``)."""
+class ServerHandlers:
+    """The server-facing part of a :class:`~peer.node.peer.Peer` (``peer.transport.server.Service``)
+    over its shared parts ``ctx`` and its exchange ``mode``."""
+
+    def __init__(self, ctx: PeerContext, mode: ExchangeMode) -> None:
+        self.ctx = ctx
+        self.mode = mode
+        config = ctx.config
+        self.peer_id: str = ctx.peer_id
+        self.spec: ModelSpec = ctx.spec
+        self.message_spec: ModelSpec = ctx.message_spec
+        self.max_body_bytes: int = ctx.max_body_bytes
+        self.max_concurrent_exchanges: int = config.max_concurrent_exchanges
+        self.codecs: dict[str, Codec] = ctx.codecs
+        self.verifier: RequestVerifier | None = ctx.verifier
+        self.secret: bytes | None = ctx.secret
+        self.body_timeout_s: float = config.request_timeout_s
+        """How long a request body may take to arrive (the server's body deadline): the
+        same as an outgoing call's total timeout."""
+        self.max_connections: int | None = None
+        """Open connections at once; ``None``: the server's default for the exchange bound."""
+        self.max_unauthenticated_bytes: int | None = None
+        """Body bytes held by requests not yet verified; ``None``: the server's default."""
+        self.idle_timeout_s: float | None = None
+        """When an idle connection closes; ``None``: the server's default."""
+        self.retains_messages: bool = mode.retains_messages
+        """Whether a received message outlives its request (sync rounds keep it until the
+        round's combine): if not, the server reads exchanges into reused buffers."""
+        self.pin_buffers: bool = ctx.pin_buffers
+        self.serving_share: ServingShare | None = mode.serving_share
+
+    @property
+    def metrics(self) -> PeerMetrics:
+        return self.ctx.metrics
 
     async def on_exchange(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
         """Serve ``POST /v1/exchange`` (the body is already validated)."""
-        self.membership.observe(envelope.sender)
-        if self.config.mode == "async":
-            return await self._pairwise_answer(envelope, vector)
-        return await self._sync_answer(envelope, vector)
+        self.ctx.membership.observe(envelope.sender)
+        return await self.mode.answer(envelope, vector)
 
     def on_join(self, peer_id: str, address: str | None) -> list[dict[str, Any]]:
         """Serve ``POST /v1/join``: admit (or re-admit) the newcomer, answer with our view.
@@ -56,20 +93,20 @@ class ServerHandlers(PairwiseExchange, SyncRound):
                 check_address(address)
             except ValueError as error:
                 raise MalformedBody(str(error)) from None
-        self.membership.observe(peer_id, address)
-        return self.membership.view()
+        self.ctx.membership.observe(peer_id, address)
+        return self.ctx.membership.view()
 
     def peers_view(self) -> list[dict[str, Any]]:
         """Serve ``GET /v1/peers``: the membership view."""
-        return self.membership.view()
+        return self.ctx.membership.view()
 
     async def state_envelope(self) -> Envelope:
         """Serve ``GET /v1/state``: the current model, uncompressed."""
-        vector = await in_thread(self._snapshot)
+        vector = await in_thread(self.ctx.snapshot)
         return Envelope(
             sender=self.peer_id,
-            round=self.round,
-            step=self.step,
+            round=self.ctx.round,
+            step=self.ctx.step,
             codec="none",
             payload=DenseCodec().encode(vector.cpu()),
         )
@@ -77,38 +114,39 @@ class ServerHandlers(PairwiseExchange, SyncRound):
     def status(self) -> dict[str, Any]:
         """Serve ``GET /v1/status``: progress, configuration, neighbours, traffic, health
         (and refresh the member and health gauges of ``/metrics``)."""
-        counts = self.membership.counts()
+        counts = self.ctx.membership.counts()
         for status, count in counts.items():
-            self.metrics.members.labels(status=status).set(count)
-        self.metrics.isolated.set(int(self.health.isolated))
-        self.metrics.rounds_without_exchange.set(self.health.rounds_without_exchange)
+            self.ctx.metrics.members.labels(status=status).set(count)
+        self.ctx.metrics.isolated.set(int(self.ctx.health.isolated))
+        self.ctx.metrics.rounds_without_exchange.set(self.ctx.health.rounds_without_exchange)
+        loss = self.ctx.trainer.loss
         return {
             "v": PROTOCOL_VERSION,
             "id": self.peer_id,
-            "address": self.address,
-            "mode": self.config.mode,
-            "round": self.round,
-            "step": self.step,
-            "loss": None if math.isnan(self.loss) else self.loss,
-            "parameters": self.spec.numel,
-            "dtype": str(self.spec.dtype).removeprefix("torch."),
-            "compressor": self.codec.name,
-            "aggregator": self.config.aggregator,
-            "algorithm": self.config.algorithm,
-            "local_steps": self.config.local_steps,
-            "topology": self.config.topology,
-            "rank": self.config.rank,
-            "device": str(self.device),
-            "neighbours": [m.to_json() for m in self.membership.members()],
-            "bytes_in": self.metrics.bytes_total("in"),
-            "bytes_out": self.metrics.bytes_total("out"),
-            "authenticated": self.secret is not None,
+            "address": self.ctx.address,
+            "mode": self.ctx.config.mode,
+            "round": self.ctx.round,
+            "step": self.ctx.step,
+            "loss": None if math.isnan(loss) else loss,
+            "parameters": self.ctx.spec.numel,
+            "dtype": str(self.ctx.spec.dtype).removeprefix("torch."),
+            "compressor": self.ctx.codec.name,
+            "aggregator": self.ctx.config.aggregator,
+            "algorithm": self.ctx.config.algorithm,
+            "local_steps": self.ctx.config.local_steps,
+            "topology": self.ctx.config.topology,
+            "rank": self.ctx.config.rank,
+            "device": str(self.ctx.device),
+            "neighbours": [m.to_json() for m in self.ctx.membership.members()],
+            "bytes_in": self.ctx.metrics.bytes_total("in"),
+            "bytes_out": self.ctx.metrics.bytes_total("out"),
+            "authenticated": self.ctx.secret is not None,
             "serving_refused": 0 if self.serving_share is None else self.serving_share.refused,
-            "byzantine": self.config.byzantine,
-            **self.health.to_json(),
+            "byzantine": self.ctx.config.byzantine,
+            **self.ctx.health.to_json(),
         }
 
     def render_metrics(self) -> bytes:
         """Serve ``GET /metrics``: the Prometheus text (gauges refreshed first)."""
         self.status()  # refreshes the member gauges
-        return self.metrics.render()
+        return self.ctx.metrics.render()

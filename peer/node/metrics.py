@@ -75,7 +75,7 @@ class PeerMetrics:
         self.isolated = Gauge(
             "gossipnet_isolated",
             "1 while the peer had no successful exchange in each of its last rounds "
-            "(peer.node.core.HEALTH_WINDOW_ROUNDS): it is training alone; else 0",
+            "(peer.node.context.HEALTH_WINDOW_ROUNDS): it is training alone; else 0",
             registry=self.registry,
         )
         self.rounds_without_exchange = Gauge(

@@ -9,9 +9,9 @@ progress made during the round trip is kept and the pair's sum is preserved unde
 interleaving. When two peers call each other at once, the smaller id declines with
 ``409 busy``, so the pair averages exactly once.
 
-Both halves of the rule are the ones the simulator runs; this room only moves the
-model to and from the wire, in worker threads (``asyncio.to_thread``), never on the
-event loop.
+Both halves of the rule are the ones the simulator runs; this mode only moves the
+model to and from the wire, in worker threads (``peer.protocol.threads.in_thread``),
+never on the event loop.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import torch
 
 from gossip import compression
 from gossip.pairwise import PairwiseGossip
-from peer.node.core import PeerCore
+from peer.node.context import PeerContext
 from peer.node.membership import Member
 from peer.protocol.codecs import CompressorCodec
 from peer.protocol.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.protocol.growing import GrowingBuffer, fill_in_thread
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import Envelope
+from peer.transport.admission import DEFAULT_SERVING_SHARE, ServingShare
 from peer.transport.body import ArenaPool
 from peer.transport.client import PeerUnavailable, RemoteRefused
 
@@ -41,25 +42,40 @@ BUSY_RETRIES = 2
 """How many ``busy`` neighbours an async round may pass over for another (per round)."""
 
 
-class PairwiseExchange(PeerCore):
-    """The async room of a :class:`~peer.node.peer.Peer`: one exchange phase
-    (``_gossip_async``), the caller's side (``_pairwise``) and the callee's answer
-    (``_pairwise_answer``)."""
+class PairwiseExchange:
+    """The async mode of a :class:`~peer.node.peer.Peer`: one exchange phase
+    (:meth:`exchange`), the caller's side (:meth:`_pairwise`) and the callee's answer
+    (:meth:`answer`), over the peer's shared parts (``ctx``)."""
 
-    _in_flight: set[str]
-    """Neighbours this peer is calling right now (a crossing call from one is declined)."""
-    _send_buffer: torch.Tensor | None
-    """The model copy every outgoing exchange reuses (allocated on the first)."""
+    retains_messages = False
+    """A received message is averaged before its request ends: the server reads exchanges
+    into reused buffers."""
 
-    def _init_pairwise(self) -> None:
-        self._in_flight = set()
-        self._send_buffer = None
-        self._answer_arenas = ArenaPool(1, pin=self.pin_buffers)
-        self._result_buffers = ArenaPool(1, pin=self.pin_buffers)
+    def __init__(self, ctx: PeerContext) -> None:
+        self.ctx = ctx
+        self.pairwise_rule = PairwiseGossip(ctx.algorithm.aggregator)
+        """AD-PSGD's halves (gossip.pairwise); the codec is the wire's (``ctx.codec``)."""
+        self.serving_share: ServingShare | None = ServingShare(
+            DEFAULT_SERVING_SHARE, ctx.trainer.training
+        )
+        """While this peer trains, serving neighbours' exchanges takes at most this share of
+        its time (a sync round serves each neighbour once per round by design)."""
+        self._in_flight: set[str] = set()
+        """Neighbours this peer is calling right now (a crossing call from one is declined)."""
+        self._send_buffer: torch.Tensor | None = None
+        """The model copy every outgoing exchange reuses (allocated on the first)."""
+        self._answer_arenas = ArenaPool(1, pin=ctx.pin_buffers)
+        self._result_buffers = ArenaPool(1, pin=ctx.pin_buffers)
         self._snapshot_taken = -2
         """The model lock's count at our last snapshot (``_add_locked``)."""
 
-    async def _gossip_async(self) -> int:
+    def start(self) -> None:
+        """Nothing to prepare: the async mode makes its state when it is built."""
+
+    async def settle(self) -> None:
+        """Nothing to settle: every pairwise exchange is complete when it returns."""
+
+    async def exchange(self) -> int:
         """Average with ``fanout`` neighbours, called one at a time in a random order.
 
         A neighbour that answers ``busy`` (at one of its bounds, or calling us right now)
@@ -68,13 +84,13 @@ class PairwiseExchange(PeerCore):
         call (a client-only peer) is not left training alone while one neighbour's
         serving share is spent. A failed call keeps its place (the neighbour is
         suspected; trying others could hold the round for several timeouts)."""
-        neighbours = self._neighbours()
-        fanout = self.config.fanout
+        neighbours = self.ctx.neighbours()
+        fanout = self.ctx.config.fanout
         assert fanout is not None  # resolved by PeerConfig
         wanted = min(fanout, len(neighbours))
         retries = BUSY_RETRIES
         done = 0
-        for member in self._rng.sample(neighbours, len(neighbours)):
+        for member in self.ctx.rng.sample(neighbours, len(neighbours)):
             if wanted == 0:
                 break
             outcome = await self._pairwise(member)
@@ -91,17 +107,17 @@ class PairwiseExchange(PeerCore):
         """Whether this peer's messages stream as its model's raw bytes (codec ``none``,
         no error feedback) from a CPU model: then a snapshot and an answer can be sent
         while a worker thread still writes them (``peer.protocol.growing``)."""
-        codec = self.codec
+        codec = self.ctx.codec
         return (
             isinstance(codec, CompressorCodec)
             and codec.compressor.spec == "none"
-            and self.flat.vector.device.type == "cpu"
+            and self.ctx.flat.vector.device.type == "cpu"
         )
 
     def _send_buffer_for(self) -> torch.Tensor:
         if self._send_buffer is None:
             self._send_buffer = torch.empty_like(
-                self.flat.vector, device="cpu", pin_memory=self.pin_buffers
+                self.ctx.flat.vector, device="cpu", pin_memory=self.ctx.pin_buffers
             )
         return self._send_buffer
 
@@ -113,38 +129,38 @@ class PairwiseExchange(PeerCore):
         Async exchanges of a peer run one at a time, so one buffer suffices; copying
         into memory already mapped is several times faster than a fresh clone.
         """
-        with self.lock:
+        with self.ctx.lock:
             buffer = self._send_buffer_for()
-            buffer.copy_(self.flat.vector)
-            self._snapshot_taken = self.lock.acquisitions
+            buffer.copy_(self.ctx.flat.vector)
+            self._snapshot_taken = self.ctx.lock.acquisitions
             return buffer
 
     def _snapshot_in_chunks(self, buffer: torch.Tensor, growing: GrowingBuffer) -> None:
         """:meth:`_snapshot_into_buffer` in chunks of :data:`STREAM_CHUNK_BYTES`, each
         published as it is copied (the request streams behind the copy). The whole copy
         runs under the model lock, so the snapshot is atomic as before."""
-        own = self.flat.vector
+        own = self.ctx.flat.vector
         step = _chunk_elements(own)
         itemsize = own.element_size()
-        with self.lock:
+        with self.ctx.lock:
             for start in range(0, own.numel(), step):
                 end = min(own.numel(), start + step)
                 buffer[start:end].copy_(own[start:end])
                 growing.advance(end * itemsize)
-            self._snapshot_taken = self.lock.acquisitions
+            self._snapshot_taken = self.ctx.lock.acquisitions
 
     async def _outgoing(self) -> tuple[Envelope, torch.Tensor, GrowingBuffer | None]:
         """Our request: ``(envelope, the snapshot it sends, the snapshot's growing buffer
         when it streams while being copied)``."""
         if not self._streams_dense():
             sent = await in_thread(self._snapshot_into_buffer)
-            return await in_thread(self._envelope, sent), sent, None
+            return await in_thread(self.ctx.envelope, sent), sent, None
         sent = self._send_buffer_for()
-        payload = self.codec.encode(sent)
+        payload = self.ctx.codec.encode(sent)
         growing = GrowingBuffer(payload["data"], asyncio.get_running_loop())
         payload["data"] = growing
         fill_in_thread(growing, self._snapshot_in_chunks, sent, growing)
-        return self._envelope_of(payload), sent, growing
+        return self.ctx.envelope_of(payload), sent, growing
 
     async def _pairwise(self, member: Member) -> Outcome:
         """One push-pull exchange with ``member``: ``"ok"``, ``"busy"`` (alive, refused
@@ -154,12 +170,16 @@ class PairwiseExchange(PeerCore):
         growing = None
         try:
             started = time.perf_counter()
-            arena = self._answer_arenas.take(self.max_body_bytes)
+            arena = self._answer_arenas.take(self.ctx.max_body_bytes)
             try:
                 envelope, sent, growing = await self._outgoing()
                 # signed for member.id, and answered by it (else UnknownPeer)
-                reply = await self._client().exchange(
-                    member.address, envelope, receiver=member.id, codecs=self.codecs, arena=arena
+                reply = await self.ctx.started_client().exchange(
+                    member.address,
+                    envelope,
+                    receiver=member.id,
+                    codecs=self.ctx.codecs,
+                    arena=arena,
                 )
                 if growing is not None:
                     await growing.ready(growing.nbytes)  # the snapshot is whole
@@ -167,28 +187,28 @@ class PairwiseExchange(PeerCore):
                 await in_thread(self._mix_answer, reply, sent)
             except RemoteRefused as error:
                 if error.code in ALIVE_REFUSALS:  # full (e.g. averaging with us as the callee)
-                    self.metrics.exchanges(role="caller", outcome="busy").inc()
+                    self.ctx.metrics.exchanges(role="caller", outcome="busy").inc()
                     return "busy"
-                self.metrics.exchanges(role="caller", outcome="failed").inc()
-                self.health.record(failed=1)
-                self._failed(member, error)
+                self.ctx.metrics.exchanges(role="caller", outcome="failed").inc()
+                self.ctx.health.record(failed=1)
+                self.ctx.failed(member, error)
                 return "failed"
             except (PeerUnavailable, ProtocolError) as error:
-                self.metrics.exchanges(role="caller", outcome="failed").inc()
-                self.health.record(failed=1)
-                self._failed(member, error)
+                self.ctx.metrics.exchanges(role="caller", outcome="failed").inc()
+                self.ctx.health.record(failed=1)
+                self.ctx.failed(member, error)
                 return "failed"
         finally:
             if growing is not None:
                 await growing.settled()  # the snapshot's worker is done with the buffer
             self._in_flight.discard(member.id)
             self._answer_arenas.give(arena)  # nothing views it any more
-        self.membership.record_success(member.id)
-        self.metrics.exchanges(role="caller", outcome="ok").inc()
-        self.health.record(ok=1)
+        self.ctx.membership.record_success(member.id)
+        self.ctx.metrics.exchanges(role="caller", outcome="ok").inc()
+        self.ctx.health.record(ok=1)
         ended = time.perf_counter()
-        self.metrics.exchange_seconds.observe(ended - started)
-        phase = self.metrics.exchange_phase_seconds
+        self.ctx.metrics.exchange_seconds.observe(ended - started)
+        phase = self.ctx.metrics.exchange_phase_seconds
         phase(role="caller", phase="round_trip").observe(answer_read - started)
         phase(role="caller", phase="adopt").observe(ended - answer_read)
         return "ok"
@@ -202,12 +222,12 @@ class PairwiseExchange(PeerCore):
         it is copied in (a non-finite answer restores the model and is refused as
         ``non_finite``), instead of a pass for the check, a pass to prove the model finite
         and a pass to copy."""
-        codec = self.codecs[reply.codec]
-        own = self.flat.vector
+        codec = self.ctx.codecs[reply.codec]
+        own = self.ctx.flat.vector
         if isinstance(codec, CompressorCodec) and _is_dense(codec) and not own.is_cuda:
-            answer = codec.decode(reply.payload, self.spec, finite=False)  # all but finiteness
-            with self.lock:
-                if self.lock.acquisitions == self._snapshot_taken + 1:
+            answer = codec.decode(reply.payload, self.ctx.spec, finite=False)  # all but finiteness
+            with self.ctx.lock:
+                if self.ctx.lock.acquisitions == self._snapshot_taken + 1:
                     try:
                         PairwiseGossip.caller_adopt(own, sent, answer, chunk=_chunk_elements(own))
                         return
@@ -215,45 +235,45 @@ class PairwiseExchange(PeerCore):
                         pass  # not finite: the model is restored; the full decode names it
         # the general update (the model moved since the snapshot, or another codec), after
         # the codec's full validation (a non-finite answer is refused as non_finite here)
-        self._add_locked(codec.decode(reply.payload, self.spec), sent)
+        self._add_locked(codec.decode(reply.payload, self.ctx.spec), sent)
 
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
         """The caller's half, ``gossip.PairwiseGossip.caller_update``: x <- x + (answer - sent),
         adopting the pair's average and keeping progress made meanwhile. When nobody took
         the model lock since the snapshot (``peer.node.model_lock``), the model still is the
         snapshot, and the rule is told so (``sent = own``: no comparison pass)."""
-        with self.lock:
-            own = self.flat.vector
-            untouched = self.lock.acquisitions == self._snapshot_taken + 1
+        with self.ctx.lock:
+            own = self.ctx.flat.vector
+            untouched = self.ctx.lock.acquisitions == self._snapshot_taken + 1
             PairwiseGossip.caller_update(own, own if untouched else sent, averaged)
 
     # ------------------------------------------------------------------ callee
 
-    async def _pairwise_answer(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
-        """Answer a neighbour's ``POST /v1/exchange`` in async mode: the pair's average."""
-        if envelope.sender in self._in_flight and self.peer_id < envelope.sender:
+    async def answer(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
+        """Answer a neighbour's ``POST /v1/exchange`` (validated): the pair's average."""
+        if envelope.sender in self._in_flight and self.ctx.peer_id < envelope.sender:
             # Both sides of the pair called at once. If both averaged as callee and
             # then added (average - sent) as caller, the pair would swap models; the
             # smaller id declines, so the pair averages exactly once.
-            raise Busy(f"{self.peer_id} is exchanging with {envelope.sender} as the caller")
+            raise Busy(f"{self.ctx.peer_id} is exchanging with {envelope.sender} as the caller")
         if self._streams_average(vector):
             return self._streamed_answer(vector)
-        averaged = await in_thread(self._average_locked, vector.to(self.spec.dtype))
-        self.health.record(ok=1)  # averaged as the callee: this peer is not alone
-        return await in_thread(self._envelope, averaged)
+        averaged = await in_thread(self._average_locked, vector.to(self.ctx.spec.dtype))
+        self.ctx.health.record(ok=1)  # averaged as the callee: this peer is not alone
+        return await in_thread(self.ctx.envelope, averaged)
 
     def _average_locked(self, other: torch.Tensor) -> torch.Tensor:
         """The callee's half, ``gossip.PairwiseGossip.callee_answer``: adopt
         ``average_pair(own, other, aggregator)`` atomically and return it (the answer)."""
-        with self.lock:
-            return self.pairwise_rule.callee_answer(self.flat.vector, other)
+        with self.ctx.lock:
+            return self.pairwise_rule.callee_answer(self.ctx.flat.vector, other)
 
     def _streams_average(self, other: torch.Tensor) -> bool:
         """Whether the answer can stream while it is averaged: the rule is the plain mean
         (elementwise, so a chunk of the average is the average of the chunks), the answer
         is dense (:meth:`_streams_dense`), and the caller's vector is the model's dtype and
         shape, in CPU memory."""
-        own = self.flat.vector
+        own = self.ctx.flat.vector
         return (
             self.pairwise_rule.answers_by_chunk
             and self._streams_dense()
@@ -267,20 +287,20 @@ class PairwiseExchange(PeerCore):
         """The answer as a :class:`~peer.protocol.growing.GrowingBuffer` that a worker fills with the
         pair's average chunk by chunk (:meth:`_average_in_chunks`) while the server sends
         what is ready. The result buffer is reused once the answer is written."""
-        own = self.flat.vector
+        own = self.ctx.flat.vector
         raw = self._result_buffers.take(own.numel() * own.element_size())
         result = raw[: own.numel() * own.element_size()].view(own.dtype)
-        payload = self.codec.encode(result)
+        payload = self.ctx.codec.encode(result)
         growing = GrowingBuffer(payload["data"], asyncio.get_running_loop())
         payload["data"] = growing
         growing.when_released(lambda: self._result_buffers.give(raw))
         task = fill_in_thread(growing, self._average_in_chunks, other, result, growing)
         task.add_done_callback(self._answered)
-        return self._envelope_of(payload)
+        return self.ctx.envelope_of(payload)
 
     def _answered(self, task: asyncio.Future[object]) -> None:
         if not task.cancelled() and task.exception() is None:
-            self.health.record(ok=1)  # averaged as the callee: this peer is not alone
+            self.ctx.health.record(ok=1)  # averaged as the callee: this peer is not alone
 
     def _average_in_chunks(
         self, other: torch.Tensor, result: torch.Tensor, growing: GrowingBuffer
@@ -290,14 +310,14 @@ class PairwiseExchange(PeerCore):
         computed but the last bytes, which follow the commit: a complete answer means an
         adopted average; a failure (a non-finite own vector) leaves the model untouched and
         the answer incomplete. The server holds the exchange's slot until this returns."""
-        own = self.flat.vector
+        own = self.ctx.flat.vector
         itemsize = own.element_size()
         numel = own.numel()
 
         def computed(end: int) -> None:
             growing.advance(max(0, min(end, numel - _HELD_BACK)) * itemsize)
 
-        with self.lock:
+        with self.ctx.lock:
             self.pairwise_rule.callee_answer_by_chunk(
                 own, other, result, chunk=_chunk_elements(own), computed=computed
             )

@@ -24,58 +24,45 @@ gradient, exchange, step). The exchange is
   message of the round, mixed with the rule's weights by a deadline
   (:mod:`peer.node.sync_round`).
 
-A ``Peer`` is a facade over its rooms: :mod:`peer.node.core` (the parts built from the
-config, shared by the rooms), :mod:`peer.node.trainer` (batches, gradient, optimizer step,
-evaluation under the model lock), :mod:`peer.node.pairwise`, :mod:`peer.node.sync_round`,
-:mod:`peer.node.handlers` (what the server calls) and :mod:`peer.node.training_state`
-(checkpoints of the model and optimizer). This module wires them: the lifecycle
-(resume, listen, join, checkpoint at stop), the membership joins and view refreshes,
-and the round loop.
-
-A restarted peer finds its swarm again: each checkpoint records the membership view
-(ids and addresses) beside the model, and ``resume`` rejoins those members as it joins
-``PeerConfig.join`` addresses. Joins retry unreachable addresses with exponential
-backoff until ``join_timeout_s``, so peers started in any order find each other.
-
-Model copies held (d = parameter count; an edge device sizes for these): the
-model itself, the flat gradient, the optimizer's state, the reused send buffer (the
-request streams from it), the reused buffer the answer lands in, two per exchange
-served (the request's buffer and the averaging result the answer streams from; at
-most ``max_concurrent_exchanges`` at once: the server answers ``409 busy``
-beyond it before reading the body), and in sync mode this round's message and the
-inbox: up to two rounds of each neighbour's message (2k), or up to nine for push-sum
-and CHOCO, whose late messages still count. docs/protocol.md counts them.
+A ``Peer`` is composed of parts, built once from its config: the shared
+:class:`~peer.node.context.PeerContext` (trainer, codecs, rule and state, topology,
+membership, metrics, health, client), one exchange mode picked at construction
+(:mod:`peer.node.modes`), the membership protocol (:mod:`peer.node.joins`), the server
+handlers (:mod:`peer.node.handlers`) and the checkpoints (:mod:`peer.node.checkpointing`).
+This module wires them: the lifecycle (resume, listen, join, checkpoint at stop) and the
+round loop. The model copies a peer holds are counted in :mod:`peer.node.modes`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 
-from peer.node.checkpoint import remove_stale_temporaries
+from peer.node.checkpointing import Checkpointing
 from peer.node.config import PeerConfig, resolve_device
-from peer.node.core import HEALTH_WINDOW_ROUNDS
+from peer.node.context import HEALTH_WINDOW_ROUNDS, PeerContext
 from peer.node.handlers import ServerHandlers
+from peer.node.hooks import (
+    NO_HOOKS,
+    SCHEDULER_EVERY,
+    Scheduler,
+    SchedulerEvery,
+    StepCallback,
+    StepHooks,
+)
+from peer.node.joins import VIEW_REFRESH_ROUNDS, JoinError, MembershipProtocol
 from peer.node.membership import check_address
-from peer.node.pairwise import PairwiseExchange
-from peer.node.recipe import RECIPE_KEY, ModelRecipe
-from peer.node.sync_round import SyncRound
+from peer.node.modes import build_mode
+from peer.node.recipe import ModelRecipe
 from peer.node.trainer import Batch, Evaluation, OptimizerFactory, Trainer
-from peer.node.training_state import load_training_state, save_training_state
-from peer.protocol import strict_json
-from peer.protocol.auth import client_ssl_context, server_ssl_context, warn_open_swarm
-from peer.protocol.codecs import DenseCodec
-from peer.protocol.errors import ProtocolError
-from peer.protocol.wire import check_sender
-from peer.transport.client import PeerClient, PeerUnavailable, RemoteRefused
+from peer.protocol.auth import server_ssl_context
+from peer.protocol.wire import Envelope
+from peer.transport.client import PeerClient
 from peer.transport.server import Listening, listen
 
 __all__ = [
@@ -89,98 +76,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-VIEW_REFRESH_ROUNDS = 10
-"""Every this many rounds a peer pulls a random neighbour's membership view."""
-JOIN_RETRY_FIRST_S = 0.25
-"""The first wait before a join is retried; each later wait doubles, up to
-:data:`JOIN_RETRY_MAX_S`, and is jittered by a factor in [0.5, 1.5)."""
-JOIN_RETRY_MAX_S = 5.0
-MEMBERS_KEY = "members"
-"""The checkpoint metadata key holding the membership view: JSON ``[{id, address}, ...]``."""
-SchedulerEvery = Literal["step", "round"]
-SCHEDULER_EVERY: tuple[SchedulerEvery, ...] = ("step", "round")
-"""When :meth:`Peer.run` steps a learning-rate scheduler: after every optimizer step, or
-after every round (the same with one local step per round)."""
 
-StepCallback = Callable[[int, float], object]
-"""``callback(step, loss)``, called after each optimizer step with the new step count and
-the loss of that step's batch (NaN if there was none)."""
-
-
-class Scheduler(Protocol):
-    """A learning-rate scheduler: anything with ``step()`` (``torch.optim.lr_scheduler``)."""
-
-    def step(self) -> Any: ...
-
-
-class _StepHooks:
-    """What :meth:`Peer.run` does after each optimizer step (and each round), checked once."""
-
-    def __init__(
-        self,
-        callbacks: Iterable[StepCallback],
-        scheduler: Scheduler | None,
-        scheduler_every: SchedulerEvery,
-    ) -> None:
-        self.callbacks = tuple(callbacks)
-        for index, callback in enumerate(self.callbacks):
-            if not callable(callback):
-                raise ValueError(
-                    f"callbacks[{index}] must be callable as callback(step, loss), got "
-                    f"{type(callback).__name__}"
-                )
-        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
-            raise ValueError(
-                "scheduler must be a learning-rate scheduler with step() "
-                f"(torch.optim.lr_scheduler), got {type(scheduler).__name__}"
-            )
-        if scheduler_every not in SCHEDULER_EVERY:
-            raise ValueError(
-                f"scheduler_every must be one of {', '.join(SCHEDULER_EVERY)}, "
-                f"got {scheduler_every!r}"
-            )
-        self.per_step = scheduler if scheduler_every == "step" else None
-        self.per_round = scheduler if scheduler_every == "round" else None
-
-
-_NO_HOOKS = _StepHooks((), None, "step")
-
-
-class JoinError(ConnectionError):
-    """No join address answered: each was refused, or stayed unreachable until the timeout.
-
-    Attributes:
-        addresses: the addresses tried, in order.
-        reasons: the last error of each address.
-        unreachable: those that never answered (retried until ``timeout_s``); the others
-            refused the join.
-        timeout_s: how long unreachable addresses were retried.
-    """
-
-    def __init__(
-        self,
-        peer_id: str,
-        addresses: Sequence[str],
-        reasons: dict[str, str],
-        *,
-        unreachable: Sequence[str],
-        timeout_s: float,
-    ) -> None:
-        self.addresses = tuple(addresses)
-        self.reasons = dict(reasons)
-        self.unreachable = tuple(unreachable)
-        self.timeout_s = timeout_s
-        retried = (
-            f" (unreachable for {timeout_s:g} s of retries)" if unreachable and timeout_s else ""
-        )
-        super().__init__(
-            f"peer {peer_id} could not join via any of: "
-            + "; ".join(reasons.get(a, f"{a}: not tried") for a in self.addresses)
-            + retried
-        )
-
-
-class Peer(ServerHandlers, PairwiseExchange, SyncRound):
+class Peer:
     """A gossip-training peer: model, optimizer, data, server, client and membership.
 
     Args:
@@ -201,6 +98,9 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
             recorded in every checkpoint, so ``gossipnet export`` and
             ``peer.app.export.load_model`` can turn a checkpoint into a model. Optional: a
             peer without one still checkpoints and resumes.
+
+    A ``Peer`` is a ``peer.transport.server.Service`` itself (its server is given its
+    :attr:`handlers`, which carry the same attributes).
     """
 
     def __init__(
@@ -221,17 +121,123 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         trainer = Trainer(
             model, optimizer, loss_fn, train_data, device, buffers=config.average_buffers
         )
-        super().__init__(trainer, config)
-        self._init_pairwise()
-        self._init_sync_round()
+        ctx = self.ctx = PeerContext.build(trainer, config)
+        """The parts every part of this peer shares (:mod:`peer.node.context`)."""
+        self.mode = build_mode(ctx)
+        """The exchange mode ``config.mode`` names, picked once (:mod:`peer.node.modes`)."""
+        self.joins = MembershipProtocol(ctx)
+        """Joins, announcements, view refreshes (:mod:`peer.node.joins`)."""
+        self.checkpoints = Checkpointing(ctx, recipe)
+        """What is written to ``checkpoint_dir``, and resume (:mod:`peer.node.checkpointing`)."""
+        handlers = self.handlers = ServerHandlers(ctx, self.mode)
+        """What the server calls (:mod:`peer.node.handlers`)."""
         self._listening: Listening | None = None
-        self._last_checkpoint_step = -1
-        self.recipe = recipe
+        # the shared parts, under the names tests, examples and applications use
+        self.config = config
+        self.peer_id = config.peer_id
+        self.device = trainer.device
+        self.trainer = trainer
+        """Local training: batches, gradient, optimizer step, evaluation (:mod:`peer.node.trainer`)."""
+        self.model = trainer.model
+        self.flat = trainer.flat
+        self.optimizer = trainer.optimizer
+        self.loss_fn = trainer.loss_fn
+        self.train_data = trainer.train_data
+        self.lock = trainer.lock
+        """Guards the model, gradient and optimizer: hold it while training by hand."""
+        self.spec = ctx.spec
+        self.message_spec = ctx.message_spec
+        self.codec = ctx.codec
+        self.codecs = ctx.codecs
+        self.algorithm = ctx.algorithm
+        self.aggregator = ctx.algorithm.aggregator
+        self.gossip_state = ctx.gossip_state
+        self.topology = ctx.topology
+        self.secret = ctx.secret
+        self.verifier = ctx.verifier
+        self.metrics = ctx.metrics
+        self.attack = ctx.attack
+        self.health = ctx.health
+        """Exchanges that succeeded / failed per round; isolation (:mod:`peer.node.health`)."""
+        self.membership = ctx.membership
+        # the server's view of this peer (peer.transport.server.Service), as the handlers'
+        self.max_body_bytes = handlers.max_body_bytes
+        self.max_concurrent_exchanges = handlers.max_concurrent_exchanges
+        self.body_timeout_s = handlers.body_timeout_s
+        self.max_connections = handlers.max_connections
+        self.max_unauthenticated_bytes = handlers.max_unauthenticated_bytes
+        self.idle_timeout_s = handlers.idle_timeout_s
+        self.retains_messages = handlers.retains_messages
+        self.pin_buffers = handlers.pin_buffers
+        self.serving_share = handlers.serving_share
+        # what the server calls, answered by the handlers
+        self.on_exchange = handlers.on_exchange
+        self.on_join = handlers.on_join
+        self.peers_view = handlers.peers_view
+        self.state_envelope = handlers.state_envelope
+        self.status = handlers.status
+        self.render_metrics = handlers.render_metrics
+
+    # ------------------------------------------------------------------ what changes
+
+    @property
+    def round(self) -> int:
+        """Exchange phases run (restored from the checkpoint on resume)."""
+        return self.ctx.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.ctx.round = value
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (the trainer's count)."""
+        return self.trainer.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.trainer.step = value
+
+    @property
+    def loss(self) -> float:
+        """The loss of the last training batch (NaN before the first)."""
+        return self.trainer.loss
+
+    @property
+    def address(self) -> str | None:
+        """``HOST:PORT`` where this peer is reached (None before start, or client-only)."""
+        return self.ctx.address
+
+    @property
+    def client(self) -> PeerClient | None:
+        """The client its calls go through (made by :meth:`start`)."""
+        return self.ctx.client
+
+    @property
+    def recipe(self) -> ModelRecipe | None:
         """How ``workloads`` rebuilds the model (recorded in checkpoints), or None."""
-        self.resumed_from: Path | None = None
+        return self.checkpoints.recipe
+
+    @property
+    def resumed_from(self) -> Path | None:
         """The checkpoint ``start`` resumed from, or None."""
-        self.remembered_members: tuple[str, ...] = ()
+        return self.checkpoints.resumed_from
+
+    @property
+    def remembered_members(self) -> tuple[str, ...]:
         """Addresses of the members the resumed checkpoint recorded (rejoined at start)."""
+        return self.checkpoints.remembered_members
+
+    @property
+    def join_timeout_s(self) -> float:
+        """How long unreachable join addresses are retried (``PeerConfig.join_timeout_s``)."""
+        return self.config.join_timeout_s
+
+    @property
+    def listening(self) -> Listening | None:
+        """Where this peer serves (its port, its open connections); ``None`` for a
+        client-only peer or before :meth:`start`."""
+        return self._listening
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -242,49 +248,15 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    @property
-    def listening(self) -> Listening | None:
-        """Where this peer serves (its port, its open connections); ``None`` for a
-        client-only peer or before :meth:`start`."""
-        return self._listening
-
     async def start(self) -> None:
         """Resume (if configured), listen (unless client-only), and join the swarm."""
-        config = self.config
-        self._changed = asyncio.Condition()
-        if self.attack is not None:
-            logger.warning(
-                "peer %s is BYZANTINE: every message it sends is the attack %r (for evaluating "
-                "robust rules; never use in a real swarm)",
-                self.peer_id,
-                config.byzantine,
-            )
-        if self.secret is None:
-            warn_open_swarm(self.peer_id)
-        local = self.trainer.local_buffers
-        if local:
-            logger.warning(
-                "peer %s: average_buffers is off; its floating-point buffers stay local and "
-                "are never averaged: %s",
-                self.peer_id,
-                ", ".join(local),
-            )
-        if config.checkpoint_dir is not None:
-            remove_stale_temporaries(config.checkpoint_dir)
+        config, ctx = self.config, self.ctx
+        self.mode.start()
+        ctx.warn_at_start()
+        self.checkpoints.remove_stale_temporaries()
         if config.resume:
-            self._resume()
-        client_context = None
-        if config.tls_cert is not None or config.tls_ca is not None:
-            client_context = client_ssl_context(
-                cafile=config.tls_ca, certfile=config.tls_cert, keyfile=config.tls_key
-            )
-        self.client = PeerClient(
-            secret=self.secret,
-            timeout_s=config.request_timeout_s,
-            max_body_bytes=self.max_body_bytes,
-            ssl_context=client_context,
-            on_bytes=lambda direction, n: self.metrics.bytes(direction=direction).inc(n),
-        )
+            self.checkpoints.resume()
+        ctx.open_client()
         if not config.client_only:
             server_context = None
             if config.tls_cert is not None and config.tls_key is not None:
@@ -292,13 +264,14 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
                     config.tls_cert, config.tls_key, cafile=config.tls_ca
                 )
             self._listening = await listen(
-                self, config.host, config.port, ssl_context=server_context
+                self.handlers, config.host, config.port, ssl_context=server_context
             )
-            port = self._listening.port
-            self.address = config.advertise or f"{config.host}:{port}"
-            self.membership.self_address = check_address(self.address)
+            ctx.address = config.advertise or f"{config.host}:{self._listening.port}"
+            self.membership.self_address = check_address(ctx.address)
         try:
-            await self._join_at_start()
+            await self.joins.join_at_start(
+                self.remembered_members, resumed=self.resumed_from is not None
+            )
         except BaseException:
             await self.stop()
             raise
@@ -306,183 +279,39 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
 
     async def stop(self) -> None:
         """Checkpoint (if configured), close connections, stop listening."""
-        if self.config.checkpoint_dir is not None and self.step != self._last_checkpoint_step:
-            await asyncio.to_thread(self._save_checkpoint)
+        if self.checkpoints.due_at_stop:
+            await asyncio.to_thread(self.checkpoints.save)
         if self.client is not None:
             await self.client.close()
         if self._listening is not None:
             await self._listening.close()
             self._listening = None
 
-    # ------------------------------------------------------------------ membership
+    async def settle(self) -> None:
+        """Hand the rule the messages that arrived after this peer's last round (sync mode).
 
-    @property
-    def join_timeout_s(self) -> float:
-        """How long unreachable join addresses are retried (``PeerConfig.join_timeout_s``)."""
-        return self.config.join_timeout_s
-
-    async def _join_at_start(self) -> None:
-        """Join ``config.join`` (retried until :attr:`join_timeout_s`), then, or else, the
-        members the resumed checkpoint remembered.
-
-        Without ``config.join`` the remembered members are tried once: a restarted
-        bootstrap peer whose swarm is gone starts alone (the others will join it). With a
-        known peer list (``--topology --peers``) every join is tried once: ranks not up yet
-        join us when they start.
-        """
-        config = self.config
-        remembered = [
-            a for a in self.remembered_members if a not in config.join and a != self.address
-        ]
-        if not config.join and not remembered:
-            return
-        listed = self.topology is not None
-        timeout_s = 0.0 if listed or not config.join else self.join_timeout_s
-        try:
-            await self._join([*config.join, *remembered], timeout_s=timeout_s)
-        except JoinError as error:
-            if config.join and not listed:
-                raise
-            why = "the other ranks will join" if listed else "they will find us when they return"
-            logger.warning("%s; starting alone, %s", error, why)
-
-    async def _join(self, addresses: Sequence[str], *, timeout_s: float = 0.0) -> None:
-        """Join the swarm via the first of ``addresses`` that answers, then announce
-        ourselves to every member its view names.
-
-        Unreachable addresses (refused connections, timeouts, 5xx) are retried, all of
-        them each pass, with exponential backoff (:data:`JOIN_RETRY_FIRST_S`, doubling up
-        to :data:`JOIN_RETRY_MAX_S`, jittered) until ``timeout_s`` has passed; an address
-        that refuses the join (4xx: a wrong secret, a taken id) is not retried.
+        Call it once the swarm has stopped exchanging and before reading the final model:
+        push-sum adds the late mass and CHOCO the late increments (``late`` of the rule),
+        so nothing sent is left out; D-PSGD drops them, as it does every round. An async
+        peer has nothing to settle.
 
         Raises:
-            JoinError: no address answered.
+            RuntimeError: the peer is not started.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        delay = JOIN_RETRY_FIRST_S
-        retrying = list(dict.fromkeys(addresses))
-        reasons: dict[str, str] = {}
-        while True:
-            for address in list(retrying):
-                try:
-                    added = await self._join_one(address)
-                except PeerUnavailable as error:
-                    reasons[address] = str(error)
-                    continue
-                except (RemoteRefused, ProtocolError) as error:
-                    reasons[address] = str(error)
-                    retrying.remove(address)
-                    continue
-                await self._announce(added)
-                if address in reasons:
-                    logger.info("peer %s joined via %s", self.peer_id, address)
-                return
-            left = deadline - loop.time()
-            if not retrying or left <= 0:
-                raise JoinError(
-                    self.peer_id,
-                    list(dict.fromkeys(addresses)),
-                    reasons,
-                    unreachable=retrying,
-                    timeout_s=timeout_s,
-                )
-            if delay == JOIN_RETRY_FIRST_S:
-                logger.warning(
-                    "peer %s: no answer yet from %s; retrying for up to %g s",
-                    self.peer_id,
-                    ", ".join(retrying),
-                    timeout_s,
-                )
-            await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.5)))
-            delay = min(2 * delay, JOIN_RETRY_MAX_S)
+        self.ctx.started_client()
+        await self.mode.settle()
 
-    async def _join_one(self, address: str) -> list[str]:
-        """``POST /v1/join`` to ``address``: admit it and merge its view (and copy its model
-        if configured and not resumed); returns the ids its view added."""
-        answer = await self._client().join(address, self.peer_id, self.address)
-        bootstrap = check_sender(answer["id"])
-        self.membership.observe(bootstrap, address)
-        added = self.membership.merge(answer["peers"])
-        if self.config.fetch_state and self.resumed_from is None:
-            await self._fetch_state(address, receiver=bootstrap)
-        return added
-
-    async def _announce(self, added: Iterable[str]) -> None:
-        """Join each newly learned member too, so it knows us (and merge its view)."""
-        client = self._client()
-        for peer_id in added:
-            member = self.membership.get(peer_id)
-            if member is not None and member.address is not None:
-                with contextlib.suppress(PeerUnavailable, RemoteRefused, ProtocolError):
-                    answer = await client.join(
-                        member.address, self.peer_id, self.address, receiver=peer_id
-                    )
-                    self.membership.merge(answer["peers"], source=f"view of {peer_id}")
-
-    async def _fetch_state(self, address: str, *, receiver: str | None = None) -> None:
-        envelope = await self._client().state(address, codecs={"none"}, receiver=receiver)
-        vector = DenseCodec().decode(envelope.payload, self.spec)
-        with self.lock:
-            self.flat.load_(vector)
-        self.round = max(self.round, envelope.round)
+    # ------------------------------------------------------------------ membership
 
     async def wait_for_members(self, count: int, *, timeout_s: float = 60.0) -> bool:
-        """Wait until ``count`` other members are alive (pulling views meanwhile).
-
-        For swarms started together (``gossipnet launch``): nobody trains alone
-        before the others have joined. Returns False (and the peer goes on) if
-        ``timeout_s`` passes first.
-        """
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"count must be an integer >= 0, got {count!r}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while len(self.membership.members("alive")) < count:
-            if loop.time() >= deadline:
-                logger.warning(
-                    "peer %s: %d of %d members after %.0f s; going on",
-                    self.peer_id,
-                    len(self.membership.members("alive")),
-                    count,
-                    timeout_s,
-                )
-                return False
-            await self.refresh_view()
-            await asyncio.sleep(0.1)
-        return True
-
-    async def _join_listed(self) -> None:
-        """With a known peer list (``--topology --peers``), join each listed address that is
-        not a member yet: ranks started in any order, or restarted, find each other."""
-        if self.topology is None:
-            return
-        known = {m.address for m in self.membership.members()} | {self.address}
-        missing = [a for a in self.config.peer_list if a not in known]
-        client = self._client()
-
-        async def join(address: str) -> None:
-            with contextlib.suppress(PeerUnavailable, RemoteRefused, ProtocolError):
-                answer = await client.join(address, self.peer_id, self.address)
-                self.membership.observe(check_sender(answer["id"]), address)
-                self.membership.merge(answer["peers"])
-
-        await asyncio.gather(*(join(address) for address in missing))
+        """Wait until ``count`` other members are alive, pulling views meanwhile; False (and
+        the peer goes on) if ``timeout_s`` passes first (:mod:`peer.node.joins`)."""
+        return await self.joins.wait_for_members(count, timeout_s=timeout_s)
 
     async def refresh_view(self) -> None:
         """Pull one random neighbour's membership view and merge it (and, with a known peer
         list, join the listed peers that are not members yet)."""
-        await self._join_listed()
-        neighbours = self.membership.neighbours()
-        if not neighbours:
-            return
-        member = self._rng.choice(neighbours)
-        assert member.address is not None
-        try:
-            view = await self._client().peers(member.address, receiver=member.id)
-            self.membership.merge(view["peers"], source=f"view of {member.id}")
-        except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
-            self._failed(member, error)
+        await self.joins.refresh_view()
 
     # ------------------------------------------------------------------ the round loop
 
@@ -510,7 +339,7 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
-        hooks = _StepHooks(callbacks, scheduler, scheduler_every)
+        hooks = StepHooks(callbacks, scheduler, scheduler_every)
         target = self.step + steps
         try:
             while self.step < target:
@@ -523,9 +352,9 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
 
     async def run_round(self) -> None:
         """One round: the phases of ``gossip.RoundPlan`` (gradient, step, exchange)."""
-        await self._run_round(_NO_HOOKS)
+        await self._run_round(NO_HOOKS)
 
-    async def _run_round(self, hooks: _StepHooks) -> None:
+    async def _run_round(self, hooks: StepHooks) -> None:
         for phase in self.algorithm.plan.phases():
             if phase == "gradient":
                 await asyncio.to_thread(self._gradient)
@@ -538,21 +367,18 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
 
     async def gossip(self) -> int:
         """One exchange phase in the configured mode; returns how many neighbours took part."""
-        if self.config.mode == "async":
-            done = await self._gossip_async()
-        else:
-            done = await self._gossip_sync()
-        self.round += 1
+        done = await self.mode.exchange()
+        self.ctx.round += 1
         self.metrics.round.set(self.round)
         self.health.end_round()
         if self.round % VIEW_REFRESH_ROUNDS == 0:
-            await self.refresh_view()
+            await self.joins.refresh_view()
         return done
 
     def _gradient(self) -> None:
         self.metrics.loss.set(self.trainer.gradient())
 
-    def _step(self, hooks: _StepHooks = _NO_HOOKS) -> None:
+    def _step(self, hooks: StepHooks) -> None:
         with self.lock:
             self.trainer.optimizer_step()
             if hooks.per_step is not None:
@@ -568,9 +394,7 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
     def _after_step_locked(self) -> None:
         """Publish the step count and write the checkpoint it is due for (lock held)."""
         self.metrics.step.set(self.step)
-        every = self.config.checkpoint_every
-        if every and self.step % every == 0:
-            self._save_checkpoint_locked()
+        self.checkpoints.after_step_locked()
 
     def record_step(self, loss: float | torch.Tensor | None = None) -> int:
         """Count one optimizer step that your own code took; returns the new step count.
@@ -611,83 +435,13 @@ class Peer(ServerHandlers, PairwiseExchange, SyncRound):
         """
         return self.trainer.evaluate(inputs, targets, batch_size=batch_size, loss_fn=loss_fn)
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ for older tests
 
-    def _save_checkpoint(self) -> Path:
-        with self.lock:
-            return self._save_checkpoint_locked()
+    def _client(self) -> PeerClient:
+        return self.ctx.started_client()
 
-    def _save_checkpoint_locked(self) -> Path:
-        directory = self.config.checkpoint_dir
-        if directory is None:
-            raise RuntimeError("PeerConfig.checkpoint_dir is not set")
-        metadata = {
-            MEMBERS_KEY: json.dumps(
-                [
-                    {"id": m.id, "address": m.address}
-                    for m in self.membership.members("alive", "suspected")
-                    if m.address is not None
-                ]
-            )
-        }
-        if self.recipe is not None:
-            metadata[RECIPE_KEY] = json.dumps(self.recipe.to_json())
-        path = save_training_state(
-            self.trainer,
-            directory,
-            round=self.round,
-            peer_id=self.peer_id,
-            keep=self.config.keep_checkpoints,
-            metadata=metadata,
-        )
-        self._last_checkpoint_step = self.step
-        return path
+    def _envelope(self, vector: torch.Tensor) -> Envelope:
+        return self.ctx.envelope(vector)
 
     def _resume(self) -> None:
-        directory = self.config.checkpoint_dir
-        if directory is None:
-            raise RuntimeError("PeerConfig.checkpoint_dir is not set")
-        loaded = load_training_state(self.trainer, directory)
-        if loaded is None:
-            logger.warning(
-                "peer %s: resume found no checkpoint (checkpoint-*.safetensors) in %s; "
-                "starting from scratch at step 0",
-                self.peer_id,
-                Path(directory).resolve(),
-            )
-            return
-        self.round = loaded.round
-        self._last_checkpoint_step = loaded.step
-        self.resumed_from = loaded.path
-        self.remembered_members = _remembered_members(loaded.metadata.get(MEMBERS_KEY), loaded.path)
-        logger.info(
-            "peer %s resumed from %s (step %d, %d remembered members)",
-            self.peer_id,
-            loaded.path,
-            loaded.step,
-            len(self.remembered_members),
-        )
-
-
-def _remembered_members(text: str | None, path: Path) -> tuple[str, ...]:
-    """The member addresses a checkpoint's ``members`` metadata lists; entries that are not
-    ``{id, address}`` with a valid ``HOST:PORT`` are skipped (logged once). Checkpoints
-    written before members were recorded have none."""
-    if text is None:
-        return ()
-    try:
-        entries = strict_json.loads(text.encode(), what=f"{path} members", max_bytes=1 << 20)
-    except ProtocolError as error:
-        logger.warning("ignoring the members recorded in %s: %s", path, error)
-        return ()
-    addresses: list[str] = []
-    skipped = 0
-    for entry in entries if isinstance(entries, list) else [entries]:
-        try:
-            check_sender(entry["id"])
-            addresses.append(check_address(entry["address"]))
-        except (TypeError, KeyError, ValueError, ProtocolError):
-            skipped += 1
-    if skipped:
-        logger.warning("ignoring %d malformed member entries recorded in %s", skipped, path)
-    return tuple(dict.fromkeys(addresses))
+        self.checkpoints.resume()

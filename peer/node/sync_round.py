@@ -18,7 +18,8 @@ A message up to ``LATE_ROUNDS`` rounds ahead (a faster neighbour's) is kept for 
 round; one up to ``LATE_ROUNDS`` late goes to the rule's ``late`` at the next round's
 start (or in ``settle``). A Byzantine peer (``PeerConfig.byzantine``) replaces every
 message it sends with ``consensus.byzantine_message``. Tensor work runs in worker
-threads (``asyncio.to_thread``), never on the event loop.
+threads (``peer.protocol.threads.in_thread``), never on the event loop: the k received
+messages are stacked in the thread that combines them.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ import torch
 
 import consensus
 from gossip.algorithms import neighbourhood_fits
-from peer.node.core import PeerCore
+from peer.node.context import PeerContext
 from peer.node.membership import Member
 from peer.protocol.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import Envelope
+from peer.transport.admission import ServingShare
 from peer.transport.client import PeerUnavailable, RemoteRefused
 
 logger = logging.getLogger(__name__)
@@ -48,36 +50,39 @@ LATE_ROUNDS = 4
 older one is dropped (for CHOCO that leaves a public copy behind: the peer warns)."""
 
 
-class SyncRound(PeerCore):
-    """The sync room of a :class:`~peer.node.peer.Peer`: one round (``_gossip_sync``), the
-    callee's answer (``_sync_answer``), the inbox of neighbours' messages and ``settle``."""
+class SyncRound:
+    """The sync mode of a :class:`~peer.node.peer.Peer`: one round (:meth:`exchange`), the
+    callee's answer (:meth:`answer`), the inbox of neighbours' messages and :meth:`settle`,
+    over the peer's shared parts (``ctx``)."""
 
-    _inbox: dict[str, dict[int, torch.Tensor]]
-    """Neighbours' messages by sender and round, until their round mixes."""
-    _heard: dict[str, set[int]]
-    """Recent rounds each sender's message came for (a round counts once)."""
-    _delivered: dict[str, int]
-    """The newest round of ours each neighbour has."""
-    _awaiting: dict[str, int]
-    """Callers waiting for our reply, by their round."""
-    _sent: torch.Tensor | None
-    """This round's message as receivers decode it."""
-    _published: Envelope | None
-    """This round's message as sent (the callee's reply)."""
-    _starved: bool
-    """Whether the last round had too few models for the rule."""
-    _changed: asyncio.Condition | None
-    """Notified when a message arrives or a round is published (made by ``start``)."""
+    retains_messages = True
+    """A received message outlives its request (kept until its round's combine): the server
+    reads each exchange into a fresh buffer."""
+    serving_share: ServingShare | None = None
+    """No serving share: a sync round serves each neighbour once per round by design."""
 
-    def _init_sync_round(self) -> None:
-        self._inbox = {}
-        self._heard = {}
-        self._delivered = {}
-        self._awaiting = {}
-        self._sent = None
-        self._published = None
+    def __init__(self, ctx: PeerContext) -> None:
+        self.ctx = ctx
+        self._inbox: dict[str, dict[int, torch.Tensor]] = {}
+        """Neighbours' messages by sender and round, until their round mixes."""
+        self._heard: dict[str, set[int]] = {}
+        """Recent rounds each sender's message came for (a round counts once)."""
+        self._delivered: dict[str, int] = {}
+        """The newest round of ours each neighbour has."""
+        self._awaiting: dict[str, int] = {}
+        """Callers waiting for our reply, by their round."""
+        self._sent: torch.Tensor | None = None
+        """This round's message as receivers decode it."""
+        self._published: Envelope | None = None
+        """This round's message as sent (the callee's reply)."""
         self._starved = False
-        self._changed = None
+        """Whether the last round had too few models for the rule."""
+        self._changed: asyncio.Condition | None = None
+        """Notified when a message arrives or a round is published (made by :meth:`start`)."""
+
+    def start(self) -> None:
+        """Make the condition rounds and answers wait on, for the running event loop."""
+        self._changed = asyncio.Condition()
 
     async def settle(self) -> None:
         """Hand the rule the messages that arrived after this peer's last round (sync mode).
@@ -89,22 +94,25 @@ class SyncRound(PeerCore):
         if self._changed is None:
             raise RuntimeError("peer is not started: await peer.start() first")
         async with self._changed:
-            overdue = self._take_late(self.round)
+            overdue = self._take_late(self.ctx.round)
         if overdue:
-            await asyncio.to_thread(self._late_locked, overdue, self.round)
+            await in_thread(self._late_locked, overdue, self.ctx.round)
 
     # ------------------------------------------------------------------ one round
 
-    async def _gossip_sync(self) -> int:
+    async def exchange(self) -> int:
+        """Round ``ctx.round``: hand over late messages, publish ours, exchange with the
+        round's neighbours until all answered or the deadline, and combine what arrived;
+        returns how many neighbours' messages it mixed."""
         assert self._changed is not None
-        t = self.round
+        t = self.ctx.round
         async with self._changed:
             overdue = self._take_late(t)
         if overdue:
-            await asyncio.to_thread(self._late_locked, overdue, t)
+            await in_thread(self._late_locked, overdue, t)
         payload, sent = await in_thread(self._message_locked)
         async with self._changed:
-            self._published = self._envelope_of(payload)
+            self._published = self.ctx.envelope_of(payload)
             self._sent = sent
             self._changed.notify_all()
         expected = self._expected()
@@ -123,7 +131,7 @@ class SyncRound(PeerCore):
         # so a dead or lagging one is still detected and suspected.
         eager: list[Member] = []
         lazy: list[Member] = []
-        for member in self._neighbours():
+        for member in self.ctx.neighbours():
             if self._delivered.get(member.id, -1) >= t or self._awaiting.get(member.id, t + 1) <= t:
                 continue  # it called us this round: our reply carries (or carried) round t
             if t in self._inbox.get(member.id, {}):
@@ -131,11 +139,13 @@ class SyncRound(PeerCore):
                 # round's message is lost (CHOCO's copies and push-sum's mass need every one)
                 eager.append(member)
                 continue
-            (eager if self.address is None or member.id > self.peer_id else lazy).append(member)
+            (eager if self.ctx.address is None or member.id > self.ctx.peer_id else lazy).append(
+                member
+            )
         tasks = [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in eager]
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.round_deadline_s
-        patience = loop.time() + self.config.round_deadline_s / 4
+        deadline = loop.time() + self.ctx.config.round_deadline_s
+        patience = loop.time() + self.ctx.config.round_deadline_s / 4
         no_one: list[Member] = []
         for until, then_call in ((patience, lazy), (deadline, no_one)):
             async with self._changed:
@@ -154,33 +164,29 @@ class SyncRound(PeerCore):
         if mixed and not self._fits(arrived + 1):
             mixed = []  # keep our own model this round, as the simulator freezes such a row
         if mixed:
-            received = torch.stack([self._inbox[j][t] if j in present else sent for j in mixed]).to(
-                self.device, self.spec.dtype
-            )
-            mask = torch.tensor([j in present for j in mixed], device=self.device)
-            self_weight = None if self.topology is None else self.topology.self_weight(t)
-            await asyncio.to_thread(
-                self._combine_locked, sent.to(self.device), received, weights, mask, self_weight
-            )
+            messages = [self._inbox[j][t] if j in present else sent for j in mixed]
+            mask = [j in present for j in mixed]
+            self_weight = None if self.ctx.topology is None else self.ctx.topology.self_weight(t)
+            await in_thread(self._combine_locked, sent, messages, weights, mask, self_weight)
         for j in present:  # a message that comes after this mix is late (next round's start)
             self._inbox[j].pop(t, None)
-        self.health.record(ok=len(present), failed=len(expected) - len(present))
+        self.ctx.health.record(ok=len(present), failed=len(expected) - len(present))
         return len(present)
 
     def _fits(self, size: int) -> bool:
         """Whether the rule can mix ``size`` models; warns once when it starts not to."""
-        fits = bool(neighbourhood_fits(self.aggregator, torch.tensor([size])).item())
+        fits = bool(neighbourhood_fits(self.ctx.algorithm.aggregator, torch.tensor([size])).item())
         if not fits and not self._starved:
             logger.warning(
                 "peer %s: round %d has %d model(s) (own + arrived), too few for aggregator %s; "
                 "keeping its own model until enough neighbours answer",
-                self.peer_id,
-                self.round,
+                self.ctx.peer_id,
+                self.ctx.round,
                 size,
-                self.config.aggregator,
+                self.ctx.config.aggregator,
             )
         elif fits and self._starved:
-            logger.info("peer %s: enough neighbours again, mixing resumes", self.peer_id)
+            logger.info("peer %s: enough neighbours again, mixing resumes", self.ctx.peer_id)
         self._starved = not fits
         return fits
 
@@ -188,14 +194,14 @@ class SyncRound(PeerCore):
         """Whose round-t model we wait for: neighbours we call, and client-only members
         (no address) heard from within the last three deadlines; with a topology, the
         round's partners among them."""
-        recent = time.monotonic() - 3 * self.config.round_deadline_s
+        recent = time.monotonic() - 3 * self.ctx.config.round_deadline_s
         members = [
             m
-            for m in self.membership.members("alive", "suspected")
+            for m in self.ctx.membership.members("alive", "suspected")
             if m.address is not None or m.last_seen >= recent
         ]
-        if self.topology is not None:
-            partners = self.topology.partners(self.round)
+        if self.ctx.topology is not None:
+            partners = self.ctx.topology.partners(self.ctx.round)
             members = [m for m in members if m.address in partners]
         return [m.id for m in members]
 
@@ -206,40 +212,42 @@ class SyncRound(PeerCore):
         members row i of W_t receives from, with their W_ij (a partner we only send
         to is left out); an absent member's weight folds into the self weight.
         """
-        dtype = self.spec.dtype
-        if self.topology is None:
+        dtype = self.ctx.spec.dtype
+        if self.ctx.topology is None:
             weight = 1.0 / (len(expected) + 1)
-            return expected, torch.full((len(expected),), weight, dtype=dtype, device=self.device)
-        row = self.topology.weights(t)
-        addresses = {m.id: m.address for m in self.membership.members()}
+            return expected, torch.full(
+                (len(expected),), weight, dtype=dtype, device=self.ctx.device
+            )
+        row = self.ctx.topology.weights(t)
+        addresses = {m.id: m.address for m in self.ctx.membership.members()}
         mixed = [j for j in expected if addresses.get(j) in row]
         values = [row[addresses[j]] for j in mixed]  # type: ignore[index]
-        return mixed, torch.tensor(values, dtype=dtype, device=self.device)
+        return mixed, torch.tensor(values, dtype=dtype, device=self.ctx.device)
 
     async def _sync_call(self, member: Member, envelope: Envelope, failed: set[str]) -> None:
         assert member.address is not None and self._changed is not None
         try:
-            if self.attack is not None:
+            if self.ctx.attack is not None:
                 envelope = await self._attacked(envelope, member.id, None)
             # signed for member.id, and answered by it (else UnknownPeer)
-            reply = await self._client().exchange(
-                member.address, envelope, receiver=member.id, codecs=self.codecs
+            reply = await self.ctx.started_client().exchange(
+                member.address, envelope, receiver=member.id, codecs=self.ctx.codecs
             )
-            codec = self.codecs[reply.codec]
-            vector = await in_thread(codec.decode, reply.payload, self.message_spec)
+            codec = self.ctx.codecs[reply.codec]
+            vector = await in_thread(codec.decode, reply.payload, self.ctx.message_spec)
         except RemoteRefused as error:
             busy = error.code in ALIVE_REFUSALS  # at one of its bounds: alive
-            self.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
+            self.ctx.metrics.exchanges(role="caller", outcome="busy" if busy else "failed").inc()
             if not busy:
-                self._failed(member, error)
+                self.ctx.failed(member, error)
             failed.add(member.id)
         except (PeerUnavailable, ProtocolError) as error:
-            self.metrics.exchanges(role="caller", outcome="failed").inc()
-            self._failed(member, error)
+            self.ctx.metrics.exchanges(role="caller", outcome="failed").inc()
+            self.ctx.failed(member, error)
             failed.add(member.id)
         else:
-            self.membership.record_success(member.id)
-            self.metrics.exchanges(role="caller", outcome="ok").inc()
+            self.ctx.membership.record_success(member.id)
+            self.ctx.metrics.exchanges(role="caller", outcome="ok").inc()
             self._delivered[member.id] = max(envelope.round, self._delivered.get(member.id, -1))
             self._store(reply.sender, reply.round, vector)
         async with self._changed:
@@ -247,8 +255,8 @@ class SyncRound(PeerCore):
 
     # ------------------------------------------------------------------ callee
 
-    async def _sync_answer(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
-        """Answer a neighbour's ``POST /v1/exchange`` in sync mode: store its message, and
+    async def answer(self, envelope: Envelope, vector: torch.Tensor) -> Envelope:
+        """Answer a neighbour's ``POST /v1/exchange`` (validated): store its message, and
         reply with our message of its round once we have published it (or, after the
         deadline, the newest we have)."""
         assert self._changed is not None
@@ -265,7 +273,7 @@ class SyncRound(PeerCore):
                                 and self._published.round >= envelope.round
                             )
                         ),
-                        self.config.round_deadline_s,
+                        self.ctx.config.round_deadline_s,
                     )
             finally:
                 self._awaiting.pop(envelope.sender, None)
@@ -275,12 +283,12 @@ class SyncRound(PeerCore):
                     reply.round, self._delivered.get(envelope.sender, -1)
                 )
         if reply is None:  # no round of ours yet
-            if not self.algorithm.message_is_model:  # nothing the rule has accounted for
-                raise Busy(f"{self.peer_id} has not published a round yet")
-            reply = await in_thread(lambda: self._envelope(self._snapshot()))
-        if self.attack is not None:
+            if not self.ctx.algorithm.message_is_model:  # nothing the rule has accounted for
+                raise Busy(f"{self.ctx.peer_id} has not published a round yet")
+            reply = await in_thread(lambda: self.ctx.envelope(self.ctx.snapshot()))
+        if self.ctx.attack is not None:
             if self._sent is None:
-                raise Busy(f"{self.peer_id} has not published a round yet")
+                raise Busy(f"{self.ctx.peer_id} has not published a round yet")
             reply = await self._attacked(reply, envelope.sender, vector)
         return reply
 
@@ -296,7 +304,7 @@ class SyncRound(PeerCore):
         The simulator's injection is omniscient instead (the receiver's whole neighbourhood);
         docs/consensus.md says so.
         """
-        assert self.attack is not None and self._sent is not None
+        assert self.ctx.attack is not None and self._sent is not None
         own = self._sent
         honest = [
             rounds[envelope.round]
@@ -306,7 +314,7 @@ class SyncRound(PeerCore):
 
         def attack() -> Envelope:
             view: dict[str, Any] = {}
-            if self.attack is not None and self.attack.needs_honest:
+            if self.ctx.attack is not None and self.ctx.attack.needs_honest:
                 weight = 1.0 / (len(honest) + 2)
                 view = {
                     "target": own if target is None else target.to(own.dtype),
@@ -317,11 +325,11 @@ class SyncRound(PeerCore):
                     "byzantine_weight": weight,
                     "byzantine_count": 1,
                 }
-            assert self.attack is not None
+            assert self.ctx.attack is not None
             message = consensus.byzantine_message(
-                self.attack, own, generator=self._attack_generator, **view
+                self.ctx.attack, own, generator=self.ctx.attack_generator, **view
             )
-            return dataclasses.replace(envelope, payload=self.codec.encode(message.cpu()))
+            return dataclasses.replace(envelope, payload=self.ctx.codec.encode(message.cpu()))
 
         return await in_thread(attack)
 
@@ -334,14 +342,14 @@ class SyncRound(PeerCore):
         if round_ in heard:  # a round's message counts once (a reply may repeat one)
             return
         behind, ahead = self._window()
-        if self.round - behind <= round_ <= self.round + ahead:
+        if self.ctx.round - behind <= round_ <= self.ctx.round + ahead:
             self._inbox.setdefault(sender, {})[round_] = vector
             heard.add(round_)
-            heard.difference_update([r for r in heard if r < self.round - LATE_ROUNDS])
-        elif round_ < self.round and behind:
+            heard.difference_update([r for r in heard if r < self.ctx.round - LATE_ROUNDS])
+        elif round_ < self.ctx.round and behind:
             logger.warning(
                 "peer %s: dropped %s's message of round %d, more than %d rounds late",
-                self.peer_id,
+                self.ctx.peer_id,
                 sender,
                 round_,
                 LATE_ROUNDS,
@@ -352,7 +360,7 @@ class SyncRound(PeerCore):
         model (D-PSGD, local SGD), a late one is stale and one round ahead suffices (the
         inbox holds at most 2 per neighbour); push-sum's mass and CHOCO's increments must
         all arrive, so up to LATE_ROUNDS either way (docs/protocol.md counts the copies)."""
-        if self.algorithm.message_is_model:
+        if self.ctx.algorithm.message_is_model:
             return 0, 1
         return LATE_ROUNDS, LATE_ROUNDS
 
@@ -367,39 +375,50 @@ class SyncRound(PeerCore):
     def _message_locked(self) -> tuple[dict[str, Any], torch.Tensor]:
         """This round's message (the rule's ``message``), encoded once for every neighbour,
         and decoded as they will decode it (the ``sent`` the rule combines with)."""
-        with self.lock, torch.no_grad():
+        with self.ctx.lock, torch.no_grad():
             # a copy: the payload views it, and is served for this round after the model moves
-            message = self.algorithm.message(self.gossip_state).detach().to("cpu", copy=True)
-        payload = self.codec.encode(message)
+            message = (
+                self.ctx.algorithm.message(self.ctx.gossip_state).detach().to("cpu", copy=True)
+            )
+        payload = self.ctx.codec.encode(message)
         # what a receiver decodes (CHOCO combines with exactly that)
-        return payload, self.codecs[self.codec.name].decode(payload, self.message_spec)
+        return payload, self.ctx.codecs[self.ctx.codec.name].decode(payload, self.ctx.message_spec)
 
     def _late_locked(self, late: list[tuple[str, int, torch.Tensor]], t: int) -> None:
         """``late(state, sum_j W_ij m_j, sum_j r_j W_ij m_j)`` with each message's own round's
         weights (0 for a sender that row of W does not receive from) and lateness r_j."""
-        if self.topology is None:
+        if self.ctx.topology is None:
             return  # uniform mixing (dpsgd only): a late model is stale and dropped
-        addresses = {m.id: m.address for m in self.membership.members()}
-        arrived = torch.zeros(self.message_spec.numel, dtype=self.spec.dtype, device=self.device)
+        addresses = {m.id: m.address for m in self.ctx.membership.members()}
+        arrived = torch.zeros(
+            self.ctx.message_spec.numel, dtype=self.ctx.spec.dtype, device=self.ctx.device
+        )
         missed = torch.zeros_like(arrived)
         for sender, r, vector in late:
-            weight = self.topology.weights(r).get(addresses.get(sender) or "", 0.0)
+            weight = self.ctx.topology.weights(r).get(addresses.get(sender) or "", 0.0)
             if weight:
-                value = vector.to(self.device, self.spec.dtype)
+                value = vector.to(self.ctx.device, self.ctx.spec.dtype)
                 arrived.add_(value, alpha=weight)
                 missed.add_(value, alpha=weight * (t - r))
-        with self.lock:
-            self.algorithm.late(self.gossip_state, arrived, missed)
+        with self.ctx.lock:
+            self.ctx.algorithm.late(self.ctx.gossip_state, arrived, missed)
 
     def _combine_locked(
         self,
         sent: torch.Tensor,
-        received: torch.Tensor,
+        messages: list[torch.Tensor],
         weights: torch.Tensor,
-        mask: torch.Tensor,
+        mask: list[bool],
         self_weight: float | None,
     ) -> None:
-        """The rule's ``combine`` of this round's message with what arrived, under the lock."""
-        with self.lock:
-            diagonal = None if self_weight is None else torch.tensor(self_weight)
-            self.algorithm.combine(self.gossip_state, sent, received, weights, mask, diagonal)
+        """The rule's ``combine`` of this round's message with the ``messages`` of the row
+        (``mask``: which arrived; an absent one's slot holds ``sent``), stacked here, in the
+        worker thread, then combined under the model lock."""
+        device, dtype = self.ctx.device, self.ctx.spec.dtype
+        received = torch.stack(messages).to(device, dtype)
+        present = torch.tensor(mask, device=device)
+        diagonal = None if self_weight is None else torch.tensor(self_weight)
+        with self.ctx.lock:
+            self.ctx.algorithm.combine(
+                self.ctx.gossip_state, sent.to(device), received, weights, present, diagonal
+            )

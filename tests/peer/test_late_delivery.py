@@ -21,6 +21,7 @@ from torch import nn
 from peer.app.swarm import free_ports
 from peer.node.config import PeerConfig
 from peer.node.peer import Peer
+from peer.node.sync_round import SyncRound
 
 SECRET = b"late-delivery-test-secret-32b..."
 N, ROUNDS, DEADLINE_S, SLOW_S = 3, 6, 0.3, 0.7
@@ -64,7 +65,9 @@ def _peers(algorithm: str, **settings: object) -> list[Peer]:
 def _slow_first_round(peer: Peer) -> list[int]:
     """Make ``peer``'s round-1 message come SLOW_S late; returns the rounds it published."""
     published: list[int] = []
-    original = peer._message_locked
+    mode = peer.mode
+    assert isinstance(mode, SyncRound)
+    original = mode._message_locked
 
     def slow():  # type: ignore[no-untyped-def]
         if peer.round == 1:
@@ -72,7 +75,7 @@ def _slow_first_round(peer: Peer) -> list[int]:
         published.append(peer.round)
         return original()
 
-    peer._message_locked = slow  # type: ignore[method-assign]
+    mode._message_locked = slow  # type: ignore[method-assign]
     return published
 
 
@@ -93,13 +96,15 @@ def _count_late(peers: list[Peer]) -> list[int]:
     """How many late messages each ``late`` hand-over carried, over all peers."""
     counts: list[int] = []
     for peer in peers:
-        original = peer._late_locked
+        mode = peer.mode
+        assert isinstance(mode, SyncRound)
+        original = mode._late_locked
 
         def spy(late, t, original=original):  # type: ignore[no-untyped-def]
             counts.append(len(late))
             return original(late, t)
 
-        peer._late_locked = spy  # type: ignore[method-assign]
+        mode._late_locked = spy  # type: ignore[method-assign]
     return counts
 
 

@@ -255,7 +255,7 @@ async def test_a_busy_neighbours_place_goes_to_the_next_one_in_the_round() -> No
                 fetch_state=False,
             )
         )
-        assert len(edge._neighbours()) == 5
+        assert len(edge.membership.neighbours()) == 5
         busy = edge.metrics.exchanges(role="caller", outcome="busy")
         # with four busy neighbours and one free, a round (fanout 1) passes over at most
         # BUSY_RETRIES busy ones; when the free one comes within that, the round averages
