@@ -1,4 +1,4 @@
-"""The networked gossip peer: wire format, auth, server and client, membership, checkpoints.
+"""The networked gossip peer, in layers: protocol, transport, node, app.
 
 Embed a peer in any asyncio program::
 
@@ -13,17 +13,19 @@ gossips after ``optimizer.step()``, :mod:`peer.node.background`)::
     with BackgroundPeer(model, optimizer, PeerConfig(peer_id="a", join=("10.0.0.2:7000",))):
         ...  # your loop, unchanged
 
-Modules: :mod:`peer.protocol.wire` (versioned msgpack envelope, raw tensor bytes, size
-caps), :mod:`peer.protocol.auth` (HMAC-SHA256 signatures, TLS contexts),
-:mod:`peer.transport.server` / :mod:`peer.transport.client` (the ``/v1`` endpoints),
-:mod:`peer.node.membership`, :mod:`peer.node.checkpoint`, :mod:`peer.protocol.codecs`,
-:mod:`peer.node.config`, :mod:`peer.node.peer` (:class:`Peer`, a facade over its rooms:
-:mod:`peer.node.core`, :mod:`peer.node.trainer`, :mod:`peer.node.pairwise`, :mod:`peer.node.sync_round`,
-:mod:`peer.node.handlers`, :mod:`peer.node.training_state`), :mod:`peer.app.cli` (``gossipnet
-peer``, running through :mod:`peer.app.run`). The protocol is written down in
-docs/protocol.md and peer/openapi.yaml. :mod:`peer.transport.admission` holds the server's bounds,
-:mod:`peer.protocol.strict_json` the one decoder of network JSON, :mod:`peer.app.export` the model a
-user takes home (``load_model``).
+Four layers, each importing only the ones below it (an import-linter contract):
+
+* :mod:`peer.protocol`: what crosses the wire, with no HTTP library (envelopes, the strict
+  msgpack and JSON readers, typed errors, signatures, the codec adapter);
+* :mod:`peer.transport`: HTTP over aiohttp (the server's endpoints and admission, the
+  client's calls, bodies); it knows a peer only through ``peer.transport.server.Service``;
+* :mod:`peer.node`: one peer (:class:`~peer.node.peer.Peer`, its configuration, one
+  exchange mode object, membership, trainer, health, metrics, checkpoints);
+* :mod:`peer.app`: the commands (``gossipnet peer``, ``launch``, ``demo``, ``export``,
+  ``status``).
+
+The protocol is written down in docs/protocol.md and peer/openapi.yaml; docs/architecture.md
+lists every module and its one job.
 
 ``Peer``, ``BackgroundPeer`` and ``PeerConfig`` are imported on first use, so
 ``gossipnet status`` (which needs none of them) answers without importing torch.

@@ -30,8 +30,9 @@ from .test_server import envelope_body, good, served_peer
 
 async def _call(caller: Peer, callee: Peer) -> Envelope:
     assert callee.address is not None
-    envelope = caller._envelope(caller.flat.vector.detach())
-    return await caller._client().exchange(callee.address, envelope, codecs=caller.codecs)
+    envelope = caller.ctx.envelope(caller.flat.vector.detach())
+    assert caller.client is not None  # started
+    return await caller.client.exchange(callee.address, envelope, codecs=caller.codecs)
 
 
 async def test_excess_exchanges_get_409_busy_and_the_slot_frees() -> None:
