@@ -7,11 +7,14 @@ kernels (:class:`BatchedPeers` picks): the hand-derived batched kernels of
 ``torch.func.vmap(torch.func.grad(loss))`` for every other model. Both write each block of
 peers' gradients straight into the flat ``[n, d]`` buffer, a cache-sized block at a time.
 
-Dropout is seeded by :class:`BatchedPeers`' ``seed``, not by torch's global generator
-(:class:`workloads.dropout.SeededDropout`): the mask of row r in the k-th
-:meth:`BatchedPeers.gradients` call is a counter-based hash (SplitMix64) of (seed, k, r, which
-dropout call, element), so it is the same however the rows are split into blocks, on every
-device, and whatever else the process draws.
+Dropout layers (``nn.Dropout``, ``nn.Dropout1d/2d/3d``) are seeded by :class:`BatchedPeers`'
+``seed``, not by torch's global generator (:class:`workloads.dropout.SeededDropout`): the
+mask of row r in the k-th :meth:`BatchedPeers.gradients` call is a counter-based hash
+(SplitMix64) of (seed, k, r, which dropout call, element), so it is the same however the rows
+are split into blocks, on every device, and whatever else the process draws. Any other
+random operation of a model (``AlphaDropout``, ``RReLU``, ``torch.rand`` in a ``forward``)
+draws from torch's global generator under vmap's ``randomness="different"``, which
+:func:`sim.build.build` seeds for a run.
 
 The optimizers over the stacked leaf live in :mod:`sim.optimizers`, mixing in
 :mod:`sim.mixing`; :class:`sim.reference.ReferencePeers` (one ``nn.Module`` per peer) is what
@@ -31,7 +34,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from gossip.flat import ParameterLayout
 from sim.linear_chain import LinearChain, NotALinearChainError
 from workloads.batching import splitmix64
-from workloads.dropout import SeededDropout
+from workloads.dropout import SeededDropout, has_dropout
 from workloads.models import NotBatchableError, check_batchable
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
@@ -56,6 +59,8 @@ def _seeded_copy(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
 
 
 _BITS_63 = (1 << 63) - 1
+_ROWS = 32
+"""Bits of a key's row number (the call number sits above them)."""
 
 
 class _RowMasks:
@@ -150,10 +155,12 @@ class BatchedPeers:
         self.n = n
         self.template = template
         # static checks (BatchNorm running statistics...); random layers draw a different
-        # mask for every peer (dropout from the seed, see the module docstring; anything else
-        # under vmap's randomness='different'), and are off when models are evaluated
+        # mask for every peer (dropout from the seed, see the module docstring, anything else
+        # under vmap's randomness='different') and are off when models are evaluated
         check_batchable(template, randomness="different")
         self.seed = seed
+        self._dropout = has_dropout(template)
+        self._seed_key = int(splitmix64(torch.tensor(seed & _BITS_63, dtype=torch.int64)))
         self._calls = 0
         self.layout = ParameterLayout.from_module(template)
         if self.layout.numel == 0:
@@ -179,7 +186,9 @@ class BatchedPeers:
         # returns every weight gradient transposed ([out, in] with strides of [in, out]), and
         # flattening those costs more than it saves (measured for mlp-100k).
         self._grad_fn = vmap(
-            grad_and_value(self._loss_of_views), in_dims=(0, 0, 0, 0), randomness="different"
+            grad_and_value(self._loss_of_views),
+            in_dims=(0, 0, 0, 0 if self._dropout else None),
+            randomness="different",
         )
         self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
@@ -209,22 +218,22 @@ class BatchedPeers:
     def _forward_views(self, views: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.template, (views, self.buffers), (x,))
 
-    def _loss_of_views(self, views: dict[str, Tensor], x: Tensor, y: Tensor, key: Tensor) -> Tensor:
+    def _loss_of_views(
+        self, views: dict[str, Tensor], x: Tensor, y: Tensor, key: Tensor | None
+    ) -> Tensor:
+        if key is None:
+            return self.loss(self._forward_views(views, x), y)
         with SeededDropout(_RowMasks(key)):
             return self.loss(self._forward_views(views, x), y)
 
-    def _row_keys(self, m: int, device: torch.device) -> tuple[Tensor, int]:
-        """Row r's dropout key for this call (a hash of seed, call number and r), and the seed
-        of torch's global generator for any other random operation in this call."""
+    def _row_keys(self, m: int, device: torch.device) -> Tensor | None:
+        """Row r's dropout key for this call: SplitMix64 of (call number, r) and the seed, a
+        bijection, so no two (call, row) share one; None for a model without dropout."""
+        if not self._dropout:
+            return None
         self._calls += 1
-        seed = splitmix64(torch.tensor(self.seed & _BITS_63, dtype=torch.int64))
-        call = splitmix64(seed ^ self._calls)
-        rows = torch.arange(m, dtype=torch.int64)
-        keys = splitmix64(call + rows).to(device)
-        return keys, int(splitmix64(call ^ 1)) & _BITS_63
-
-    def _devices(self, device: torch.device) -> list[int]:
-        return [device.index or 0] if device.type == "cuda" else []
+        rows = torch.arange(m, dtype=torch.int64, device=device)
+        return splitmix64((rows + (self._calls << _ROWS)) ^ self._seed_key)
 
     def _batchable_guard(self, call: Callable[..., Any], *args: Any) -> Any:
         if self._checked:
@@ -258,11 +267,8 @@ class BatchedPeers:
         per-peer gradients in flight), each block one ``vmap(grad)`` whose result is written
         straight into the ``[m, d]`` output: at large n this keeps the block's gradients in
         the CPU cache instead of materialising and copying an ``[n, d]`` intermediate.
-        Dropout masks (``F.dropout``, ``F.dropout1d/2d/3d``) depend on ``seed``, the number
-        of calls so far and the row, not on ``block_rows`` (see the module docstring); any
-        other random operation draws from torch's global generator, seeded from the same
-        in a forked state (the caller's generator is left as it was): reproducible too, but
-        tied to the split into blocks.
+        Dropout masks depend on ``seed``, the number of calls so far and the row, not on
+        ``block_rows`` (see the module docstring).
         ``out`` (``[m, d]``, contiguous) receives the gradients instead of a new tensor: a
         buffer reused every step costs no fresh pages (a new 100 MB tensor is ~25k page
         faults, each zero-filled by the kernel).
@@ -290,27 +296,25 @@ class BatchedPeers:
                 rows = slice(start, start + block)
                 losses[rows] = self.chain.gradients(flat[rows], x[rows], y[rows], out=out[rows])
             return losses, out
-        keys, other = self._row_keys(m, flat.device)
-        with torch.random.fork_rng(devices=self._devices(flat.device)):
-            torch.manual_seed(other)
-            if m <= block:
-                views = self.layout.unflatten(flat)
-                grads, losses = self._batchable_guard(self._grad_fn, views, x, y, keys)
-                if out is None:
-                    return losses.detach(), self.layout.flatten(grads).detach()
-                self._flatten_into(grads, out)
-                return losses.detach(), out
-            out = torch.empty_like(flat) if out is None else out
-            losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
-            for start in range(0, m, block):
-                rows = slice(start, start + block)
-                views = self.layout.unflatten(flat[rows])
-                grads, loss = self._batchable_guard(
-                    self._grad_fn, views, x[rows], y[rows], keys[rows]
-                )
-                self._flatten_into(grads, out[rows])
-                losses[rows] = loss.detach()
-            return losses, out
+        keys = self._row_keys(m, flat.device)
+        if m <= block:
+            views = self.layout.unflatten(flat)
+            grads, losses = self._batchable_guard(self._grad_fn, views, x, y, keys)
+            if out is None:
+                return losses.detach(), self.layout.flatten(grads).detach()
+            self._flatten_into(grads, out)
+            return losses.detach(), out
+        out = torch.empty_like(flat) if out is None else out
+        losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
+        for start in range(0, m, block):
+            rows = slice(start, start + block)
+            views = self.layout.unflatten(flat[rows])
+            grads, loss = self._batchable_guard(
+                self._grad_fn, views, x[rows], y[rows], None if keys is None else keys[rows]
+            )
+            self._flatten_into(grads, out[rows])
+            losses[rows] = loss.detach()
+        return losses, out
 
     def _flatten_into(self, grads: dict[str, Tensor], out: Tensor) -> None:
         """``layout.flatten(grads)`` written into ``out [b, d]`` by one ``torch.cat``."""

@@ -39,7 +39,22 @@ CHANNEL_DROPOUT: dict[Callable[..., Tensor], int] = {
 }
 """The channel-wise dropouts and their number of spatial dimensions."""
 
+DROPOUT_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+)
+"""The modules whose masks :class:`SeededDropout` draws (they call the functions above)."""
+
 _NAMES = ("input", "p", "training", "inplace")
+
+
+def has_dropout(module: nn.Module) -> bool:
+    """Whether ``module`` holds one of :data:`DROPOUT_MODULES` (a ``forward`` that calls
+    ``F.dropout`` itself is not seen: its masks come from :class:`SeededDropout` only where
+    the caller enters it anyway)."""
+    return any(isinstance(sub, DROPOUT_MODULES) for sub in module.modules())
 
 
 def mask_shape(func: Callable[..., Tensor], shape: Sequence[int]) -> list[int]:

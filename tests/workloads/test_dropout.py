@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from workloads.dropout import SeededDropout
+from workloads.dropout import SeededDropout, has_dropout
 
 
 def source(seed: int) -> SeededDropout:
@@ -76,3 +76,8 @@ def test_gradients_flow_through_the_kept_elements() -> None:
     out.sum().backward()
     assert x.grad is not None
     assert torch.equal(x.grad, out.detach())
+
+
+def test_has_dropout_sees_the_dropout_modules_only() -> None:
+    assert has_dropout(nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Dropout2d(0.1))))
+    assert not has_dropout(nn.Sequential(nn.Linear(2, 2), nn.AlphaDropout(0.1), nn.RReLU()))
