@@ -1,4 +1,4 @@
-"""Data sets: the Dataset contract, loading by spec, MNIST-1D generation and cache, label flipping."""
+"""Data sets: the Dataset contract, loading by spec, MNIST-1D generation and cache."""
 
 from __future__ import annotations
 
