@@ -46,7 +46,6 @@ from gossip.compression import (
     TopK,
     build_compressor,
     decode,
-    describe_compressors,
 )
 from gossip.configuration import (
     ALGORITHM_FIELDS,
@@ -57,7 +56,7 @@ from gossip.configuration import (
     build_algorithm,
 )
 from gossip.flat import FlatParameters, LayoutEntry, ParameterLayout
-from gossip.pairwise import PairwiseGossip, ad_psgd, average_pair, pairwise_average
+from gossip.pairwise import PairwiseGossip, ad_psgd, average_pair
 
 __all__ = [
     "ALGORITHM_FIELDS",
@@ -102,7 +101,5 @@ __all__ = [
     "build_algorithm",
     "build_compressor",
     "decode",
-    "describe_compressors",
     "local_sgd",
-    "pairwise_average",
 ]

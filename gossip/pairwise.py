@@ -38,9 +38,9 @@ both ends then hold (about) the callee's result.
 Bytes: each exchange is two messages of :meth:`PairwiseGossip.message_bytes` each (the
 caller's payload and the callee's answer; a dense codec's size depends only on d).
 
-Runners: the simulator calls :meth:`PairwiseGossip.exchange` (or :func:`pairwise_average`)
-on a batch of disjoint pairs ``[m, 2]`` at once (callers in column 0, callees in column 1,
-codec on the batched path ``compress(x, generator).values``), or
+Runners: the simulator calls :meth:`PairwiseGossip.exchange` on a batch of disjoint pairs
+``[m, 2]`` at once (callers in column 0, callees in column 1, codec on the batched path
+``compress(x, generator).values``), or
 :meth:`PairwiseGossip.exchange_rows` on the pairs' rows it has gathered itself; a peer calls
 the two halves for itself around its wire codec (``peer.node.pairwise``).
 
@@ -64,7 +64,7 @@ from consensus import Aggregator, WeightedMean, all_finite
 from gossip.algorithms import DecentralizedSGD, _aggregator, _compressor
 from gossip.compression import Compressor, ErrorFeedback
 
-__all__ = ["PairwiseGossip", "ad_psgd", "average_pair", "pairwise_average"]
+__all__ = ["PairwiseGossip", "ad_psgd", "average_pair"]
 
 _HALF = 0.5
 
@@ -341,31 +341,6 @@ def _check_chunks(chunk: int, **vectors: Tensor) -> None:
         )
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-
-
-def pairwise_average(
-    x: Tensor,
-    pairs: Tensor,
-    aggregator: Aggregator | None = None,
-    compressor: Compressor | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Average each pair of a matching at once, in place: ``x[a], x[b] <- (x[a] + x[b]) / 2``.
-
-    ``PairwiseGossip(aggregator, compressor).exchange(x, pairs, generator)``: callers
-    ``pairs[:, 0]``, callees ``pairs[:, 1]``; with the default ``none`` codec and ``mean``
-    both ends hold bitwise one value and ``sum_i x_i`` is kept. Each side of a pair sends
-    ``compressor.wire_bytes(d)`` bytes (:meth:`PairwiseGossip.message_bytes`).
-
-    Args:
-        x: ``[n, d]`` all nodes.
-        pairs: ``[m, 2]`` int node indices; every node in at most one pair.
-        aggregator: the 2-input consensus rule (default ``mean``).
-        compressor: the codec both messages travel in (default ``none``).
-        generator: randomness of stochastic codecs.
-    Returns ``x``.
-    """
-    return PairwiseGossip(aggregator, compressor).exchange(x, pairs, generator)
 
 
 def ad_psgd(**kwargs: object) -> DecentralizedSGD:

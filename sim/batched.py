@@ -7,6 +7,15 @@ kernels (:class:`BatchedPeers` picks): the hand-derived batched kernels of
 ``torch.func.vmap(torch.func.grad(loss))`` for every other model. Both write each block of
 peers' gradients straight into the flat ``[n, d]`` buffer, a cache-sized block at a time.
 
+Dropout layers (``nn.Dropout``, ``nn.Dropout1d/2d/3d``) are seeded by :class:`BatchedPeers`'
+``seed``, not by torch's global generator (:class:`workloads.dropout.SeededDropout`): the
+mask of row r in the k-th :meth:`BatchedPeers.gradients` call is a counter-based hash
+(SplitMix64) of (seed, k, r, which dropout call, element), so it is the same however the rows
+are split into blocks, on every device, and whatever else the process draws. Any other
+random operation of a model (``AlphaDropout``, ``RReLU``, ``torch.rand`` in a ``forward``)
+draws from torch's global generator under vmap's ``randomness="different"``, which
+:func:`sim.build.build` seeds for a run.
+
 The optimizers over the stacked leaf live in :mod:`sim.optimizers`, mixing in
 :mod:`sim.mixing`; :class:`sim.reference.ReferencePeers` (one ``nn.Module`` per peer) is what
 ``tests/sim`` checks them against.
@@ -14,7 +23,8 @@ The optimizers over the stacked leaf live in :mod:`sim.optimizers`, mixing in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +33,8 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from gossip.flat import ParameterLayout
 from sim.linear_chain import LinearChain, NotALinearChainError
+from workloads.batching import splitmix64
+from workloads.dropout import SeededDropout, has_dropout
 from workloads.models import NotBatchableError, check_batchable
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
@@ -46,6 +58,36 @@ def _seeded_copy(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
         return factory()
 
 
+_BITS_63 = (1 << 63) - 1
+_ROWS = 32
+"""Bits of a key's row number (the call number sits above them)."""
+
+
+class _RowMasks:
+    """Uniform numbers for the dropout masks of one row under ``vmap``: a SplitMix64 hash
+    of the row's ``key`` (an int64 scalar, batched over the rows), the dropout call's index
+    in the forward pass and the element's index, two 24-bit numbers per hash (integer
+    arithmetic only, so the same on every device)."""
+
+    def __init__(self, key: Tensor) -> None:
+        self.key = key
+        self.calls = 0
+
+    def __call__(self, shape: Sequence[int], device: torch.device) -> Tensor:
+        self.calls += 1
+        numel = math.prod(shape)
+        pairs = torch.arange((numel + 1) // 2, dtype=torch.int64, device=device)
+        bits = splitmix64(pairs ^ splitmix64(self.key + self.calls * _GOLDEN_GAMMA))
+        # two 24-bit numbers from each 64-bit hash: bits 40..63 and 8..31
+        halves = torch.stack(((bits >> 40) & 0xFFFFFF, (bits >> 8) & 0xFFFFFF), dim=-1)
+        uniform = halves.flatten()[:numel].to(torch.float32) * 2.0**-24
+        return uniform.reshape(list(shape))
+
+
+_GOLDEN_GAMMA = 0x61C88647
+"""An odd 32-bit step between the dropout calls' streams of one row."""
+
+
 class BatchedPeers:
     """n peers of one model architecture, trained as one ``[n, d]`` tensor.
 
@@ -59,7 +101,7 @@ class BatchedPeers:
         n: number of peers (>= 1).
         init: ``"same"`` (every peer starts from the same weights, as in D-PSGD) or
             ``"independent"`` (peer i is built under seed ``seed + i``).
-        seed: seeds the initial weights.
+        seed: seeds the initial weights and the dropout masks of :meth:`gradients`.
         loss: ``loss(logits [B, C], targets [B]) -> scalar``; cross entropy by default.
         kernel: how gradients are computed. ``"auto"`` (default): by the hand-derived
             batched kernels of :class:`sim.linear_chain.LinearChain` when the model is a
@@ -112,10 +154,14 @@ class BatchedPeers:
             raise TypeError(f"model: expected an nn.Module or a factory, got {type(model)}")
         self.n = n
         self.template = template
-        # static checks (BatchNorm running statistics...); random layers such as dropout draw
-        # a different mask for every peer (vmap's randomness='different', from torch's global
-        # generator, which the run seeds), and are off when models are evaluated
+        # static checks (BatchNorm running statistics...); random layers draw a different
+        # mask for every peer (dropout from the seed, see the module docstring, anything else
+        # under vmap's randomness='different') and are off when models are evaluated
         check_batchable(template, randomness="different")
+        self.seed = seed
+        self._dropout = has_dropout(template)
+        self._seed_key = int(splitmix64(torch.tensor(seed & _BITS_63, dtype=torch.int64)))
+        self._calls = 0
         self.layout = ParameterLayout.from_module(template)
         if self.layout.numel == 0:
             raise ValueError("model: has no parameters to train (numel 0)")
@@ -140,7 +186,9 @@ class BatchedPeers:
         # returns every weight gradient transposed ([out, in] with strides of [in, out]), and
         # flattening those costs more than it saves (measured for mlp-100k).
         self._grad_fn = vmap(
-            grad_and_value(self._loss_of_views), in_dims=(0, 0, 0), randomness="different"
+            grad_and_value(self._loss_of_views),
+            in_dims=(0, 0, 0, 0 if self._dropout else None),
+            randomness="different",
         )
         self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
@@ -170,8 +218,22 @@ class BatchedPeers:
     def _forward_views(self, views: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.template, (views, self.buffers), (x,))
 
-    def _loss_of_views(self, views: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        return self.loss(self._forward_views(views, x), y)
+    def _loss_of_views(
+        self, views: dict[str, Tensor], x: Tensor, y: Tensor, key: Tensor | None
+    ) -> Tensor:
+        if key is None:
+            return self.loss(self._forward_views(views, x), y)
+        with SeededDropout(_RowMasks(key)):
+            return self.loss(self._forward_views(views, x), y)
+
+    def _row_keys(self, m: int, device: torch.device) -> Tensor | None:
+        """Row r's dropout key for this call: SplitMix64 of (call number, r) and the seed, a
+        bijection, so no two (call, row) share one; None for a model without dropout."""
+        if not self._dropout:
+            return None
+        self._calls += 1
+        rows = torch.arange(m, dtype=torch.int64, device=device)
+        return splitmix64((rows + (self._calls << _ROWS)) ^ self._seed_key)
 
     def _batchable_guard(self, call: Callable[..., Any], *args: Any) -> Any:
         if self._checked:
@@ -205,6 +267,8 @@ class BatchedPeers:
         per-peer gradients in flight), each block one ``vmap(grad)`` whose result is written
         straight into the ``[m, d]`` output: at large n this keeps the block's gradients in
         the CPU cache instead of materialising and copying an ``[n, d]`` intermediate.
+        Dropout masks depend on ``seed``, the number of calls so far and the row, not on
+        ``block_rows`` (see the module docstring).
         ``out`` (``[m, d]``, contiguous) receives the gradients instead of a new tensor: a
         buffer reused every step costs no fresh pages (a new 100 MB tensor is ~25k page
         faults, each zero-filled by the kernel).
@@ -232,9 +296,10 @@ class BatchedPeers:
                 rows = slice(start, start + block)
                 losses[rows] = self.chain.gradients(flat[rows], x[rows], y[rows], out=out[rows])
             return losses, out
+        keys = self._row_keys(m, flat.device)
         if m <= block:
             views = self.layout.unflatten(flat)
-            grads, losses = self._batchable_guard(self._grad_fn, views, x, y)
+            grads, losses = self._batchable_guard(self._grad_fn, views, x, y, keys)
             if out is None:
                 return losses.detach(), self.layout.flatten(grads).detach()
             self._flatten_into(grads, out)
@@ -244,7 +309,9 @@ class BatchedPeers:
         for start in range(0, m, block):
             rows = slice(start, start + block)
             views = self.layout.unflatten(flat[rows])
-            grads, loss = self._batchable_guard(self._grad_fn, views, x[rows], y[rows])
+            grads, loss = self._batchable_guard(
+                self._grad_fn, views, x[rows], y[rows], None if keys is None else keys[rows]
+            )
             self._flatten_into(grads, out[rows])
             losses[rows] = loss.detach()
         return losses, out

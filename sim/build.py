@@ -1,5 +1,6 @@
 """Build a simulated run from an :class:`~sim.config.ExperimentConfig`: data, model, network,
-topology and algorithm, all seeded by the experiment's ``seed``.
+topology and algorithm, all seeded by the experiment's ``seed`` (torch's global generator
+included: :func:`build` seeds it).
 
 Everything that cannot work is refused here, before any data is generated or any round
 runs: the gossip settings were checked by ``gossip.GossipConfig`` when the config was made,
@@ -199,9 +200,17 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
 
 
 def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
-    """Data, partition, model, network and algorithm for one run (all seeded by ``seed``)."""
+    """Data, partition, model, network and algorithm for one run (all seeded by ``seed``).
+
+    Every part draws from a generator of its own, seeded from ``seed`` (dropout masks too:
+    :class:`~sim.batched.BatchedPeers`); torch's global generator is seeded with ``seed`` as
+    well, for whatever else a model draws (``AlphaDropout``, ``RReLU``, ``torch.rand`` in a
+    user's ``forward``), so a run is the same in any process.
+    """
     from workloads import StackedBatchSampler, build_model, partition
     from workloads.partition import label_sets
+
+    torch.manual_seed(config.seed)
 
     w, net = config.workload, config.network
     try:

@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -113,11 +113,6 @@ from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
 from workloads.partition import label_sets_from_spec, parse_id_set
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 TOPOLOGY_FIELDS = ("topology", "topology_params", "weights")
 """The ``[algorithm]`` keys that say who talks to whom (gossip algorithms only)."""

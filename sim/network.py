@@ -264,22 +264,6 @@ def parameter_server_time(
     return 2 * alpha + max(incast, worker_link)
 
 
-def gossip_send_time(
-    links: Links, index: np.ndarray, mask: np.ndarray, size: float | np.ndarray
-) -> np.ndarray:
-    """Per-peer time ``[n]`` to send its message to every neighbour in its row, one after the
-    other: ``T_i = Σ_{j ∈ N(i)} (α_ij + M_i/B_ij)``.
-
-    ``index``/``mask`` ``[n, k]`` are a neighbour table's rows (who i exchanges with);
-    ``size`` is the encoded message in bytes, scalar or per peer ``[n]``.
-    """
-    n = index.shape[0]
-    source = np.broadcast_to(np.arange(n)[:, None], index.shape)
-    alpha, beta = links.link(source, index)
-    m = np.broadcast_to(np.asarray(size, dtype=np.float64).reshape(-1, 1), (n, 1))
-    return np.where(mask, alpha + m / beta, 0.0).sum(axis=1)
-
-
 def synchronous_round_time(compute: np.ndarray, communication: float | np.ndarray) -> float:
     """The critical path of a synchronous round: ``max_i (compute_i + comm_i)`` for per-peer
     communication, ``max_i compute_i + comm`` for a collective (all-reduce, server)."""

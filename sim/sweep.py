@@ -37,7 +37,7 @@ import itertools
 import json
 import math
 import re
-import sys
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,11 +58,6 @@ from sim.sweep_figure import Cell, plot_sweep
 from sim.sweep_progress import SweepProgress
 from sim.sweep_store import RunStore, json_safe
 from sim.sweep_table import parquet_available, table, write_csv, write_parquet
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = [
     "FIELD_ALIASES",

@@ -34,7 +34,6 @@ from workloads.datasets import (
     Dataset,
     DatasetConfig,
     check_dataset_spec,
-    flip_labels,
     load_dataset,
 )
 from workloads.device import resolve_device
@@ -83,7 +82,6 @@ __all__ = [
     "default_cache_dir",
     "dirichlet",
     "feistel_permutation",
-    "flip_labels",
     "iid",
     "label_histogram",
     "layer_chain",

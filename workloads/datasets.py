@@ -32,7 +32,7 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,6 @@ __all__ = [
     "DatasetConfig",
     "check_dataset_spec",
     "cifar10",
-    "flip_labels",
     "load_dataset",
     "mnist",
     "mnist1d",
@@ -603,46 +602,3 @@ def check_dataset_spec(spec: str) -> None:
         raise DataFileError(f"{path}: no such file; allowed: an existing .npz file")
     if path is not None and config.name != "npz" and not Path(path).is_dir():
         raise DataFileError(f"{config.name}: path {path} is not a folder")
-
-
-# --------------------------------------------------------------------------- label flipping
-
-
-def flip_labels(
-    dataset: Dataset,
-    indices: torch.Tensor | Sequence[torch.Tensor] | None = None,
-    *,
-    mode: str = "reverse",
-    seed: int = 0,
-) -> Dataset:
-    """Label-flipping poisoning (Biggio et al. 2012; Fang et al. 2020) of the training labels.
-
-    ``mode="reverse"``: y -> C - 1 - y. ``mode="permutation"``: y -> pi(y) for a
-    seeded random cyclic permutation pi of the classes (no label maps to itself).
-    Only training samples in ``indices`` (one tensor, or the shards of the
-    Byzantine peers) are changed; ``None`` flips every training label. Test
-    labels are never touched. Returns a new :class:`Dataset`; features are shared.
-    """
-    classes = dataset.num_classes
-    if mode == "reverse":
-        mapping = torch.arange(classes - 1, -1, -1)
-    elif mode == "permutation":
-        order = torch.randperm(classes, generator=torch.Generator().manual_seed(seed))
-        mapping = torch.empty(classes, dtype=torch.int64)
-        mapping[order] = order.roll(-1)  # order[i] -> order[i + 1]: a single cycle
-    else:
-        raise ValueError(f"flip_labels: mode must be 'reverse' or 'permutation', got {mode!r}")
-    labels = dataset.y_train.clone()
-    if indices is None:
-        chosen = torch.arange(len(labels))
-    elif isinstance(indices, torch.Tensor):
-        chosen = indices
-    else:
-        tensors = list(indices)
-        chosen = torch.cat(tensors) if tensors else torch.empty(0, dtype=torch.int64)
-    if chosen.dtype != torch.int64 or chosen.ndim != 1:
-        raise ValueError(f"flip_labels: indices must be 1-D int64 tensors, got {_describe(chosen)}")
-    if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= len(labels)):
-        raise ValueError(f"flip_labels: indices must lie in 0..{len(labels) - 1}")
-    labels[chosen] = mapping[dataset.y_train[chosen]]
-    return replace(dataset, y_train=labels, name=f"{dataset.name}+flip-{mode}")

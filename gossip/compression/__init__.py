@@ -87,7 +87,6 @@ from gossip.compression.registry import (
     CompressorInfo,
     build_compressor,
     decode,
-    describe_compressors,
 )
 from gossip.compression.sparse import RandomK, TopK
 from gossip.compression.wire_dtypes import WIRE_DTYPE_NAMES, WIRE_DTYPES
@@ -115,7 +114,6 @@ __all__ = [
     "TopK",
     "build_compressor",
     "decode",
-    "describe_compressors",
     "envelope_bytes",
     "envelope_fields",
     "launch_envelope_bytes",

@@ -22,7 +22,7 @@ class ErrorFeedback(Compressor):
     memory). The residual ``e`` is sender-side state with the same leading batch as ``x``
     (``[n, d]`` in the simulator, ``[d]`` on a peer); the payload is the inner codec's, so
     receivers need not know. One instance keeps one residual: a sender whose messages differ
-    per receiver keeps one instance per link and direction (``peer.protocol.codecs.LinkEncoders``).
+    per receiver would keep one instance per link and direction.
     :meth:`reset` forgets the residual.
 
     The residual lives in one ``[*, d]`` buffer, reused: ``x + e`` is formed in it, the inner

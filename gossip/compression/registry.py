@@ -21,7 +21,7 @@ from gossip.compression.quantization import StochasticQuantization
 from gossip.compression.sparse import RandomK, TopK
 from gossip.compression.wire_dtypes import read_field
 
-__all__ = ["COMPRESSORS", "CompressorInfo", "build_compressor", "decode", "describe_compressors"]
+__all__ = ["COMPRESSORS", "CompressorInfo", "build_compressor", "decode"]
 
 
 @dataclass(frozen=True)
@@ -115,19 +115,6 @@ def build_compressor(spec: str) -> Compressor:
     feedback = kwargs.pop("feedback", False)
     compressor = info.factory(**kwargs)
     return ErrorFeedback(compressor) if feedback else compressor
-
-
-def describe_compressors() -> str:
-    """One line per codec with its parameters and defaults, for ``--compress`` help texts."""
-    lines = []
-    for info in COMPRESSORS.values():
-        params = ",".join(
-            f"{key}={str(default).lower() if isinstance(default, bool) else default}"
-            for key, (_, default, _) in info.parameters.items()
-        )
-        spec = f"{info.name}:{params}" if params else info.name
-        lines.append(f"{spec:<38} {info.doc}")
-    return "\n".join(lines)
 
 
 def _decoder(payload: Mapping[str, Any]) -> Compressor:

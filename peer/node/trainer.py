@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypedDict
 
 import torch
 
 from gossip.flat import FlatParameters
 from peer.node.model_lock import ModelLock
+from workloads.dropout import SeededDropout
 
 Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -103,6 +104,11 @@ class Trainer:
         device: where the model lives (it is moved there); batches are moved there too.
         buffers: also carry the model's floating-point buffers in the flat vector
             (``PeerConfig.average_buffers``), so they are shipped and mixed.
+        seed: seeds the dropout masks of :meth:`gradient` (``F.dropout`` and
+            ``F.dropout1d/2d/3d``, :class:`workloads.dropout.SeededDropout`) from a generator
+            of the trainer's own, so the same seed draws the same masks whatever other peers
+            or threads of the process draw; a peer passes one derived from its seed and id.
+            None: they draw from torch's global generator.
     """
 
     def __init__(
@@ -114,8 +120,13 @@ class Trainer:
         device: torch.device,
         *,
         buffers: bool = False,
+        seed: int | None = None,
     ) -> None:
         self.device = device
+        self.generator: torch.Generator | None = None
+        """The dropout masks' generator (None: torch's global one)."""
+        if seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(seed)
         self.model = model.to(device)
         self.flat = FlatParameters(self.model, buffers=buffers)
         if isinstance(optimizer, torch.optim.Optimizer):
@@ -174,10 +185,17 @@ class Trainer:
             inputs, targets = _to(inputs, self.device), _to(targets, self.device)
         with self.lock:
             self.flat.zero_grad()
-            loss = self.loss_fn(self.model(inputs), targets)
+            if self.generator is None:
+                loss = self.loss_fn(self.model(inputs), targets)
+            else:
+                with SeededDropout(self._uniform):
+                    loss = self.loss_fn(self.model(inputs), targets)
             loss.backward()
         self.loss = float(loss.detach())
         return self.loss
+
+    def _uniform(self, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        return torch.rand(list(shape), generator=self.generator, device=device)
 
     def optimizer_step(self) -> int:
         """One optimizer step with the current gradient; returns the new step count.

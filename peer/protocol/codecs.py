@@ -19,15 +19,12 @@ reports a hostile payload as a :class:`gossip.PayloadError` whose ``kind``
 server answers 4xx before anything touches the model. The result is a ``[numel]`` tensor
 in the spec's dtype; never write into it (it may share memory with the received bytes).
 
-Error feedback is sender state. A sender that broadcasts one message to all its
-neighbours keeps one residual (:func:`build_codec`); a sender whose message differs per
-neighbour (a pairwise exchange, CHOCO) keeps one per link and direction:
-:class:`LinkEncoders`.
+Error feedback is sender state: a codec built with ``feedback=true`` keeps one residual for
+everything it encodes (:func:`build_codec`), right for a message broadcast to every neighbour.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -51,7 +48,6 @@ __all__ = [
     "Codec",
     "CompressorCodec",
     "DenseCodec",
-    "LinkEncoders",
     "build_codec",
     "receiving_codecs",
 ]
@@ -176,7 +172,7 @@ def build_codec(spec: str, *, seed: int = 0) -> Codec:
     ``seed`` seeds the randomness of stochastic codecs (qsgd's rounding, randk's choice).
     Raises ``ValueError`` naming the allowed codecs and parameters for anything else. With
     ``feedback=true`` the codec keeps one residual for everything it sends: right for a
-    message broadcast to every neighbour, see :class:`LinkEncoders` for one per link.
+    message broadcast to every neighbour.
     """
     return CompressorCodec(spec, seed=seed)
 
@@ -184,59 +180,3 @@ def build_codec(spec: str, *, seed: int = 0) -> Codec:
 def receiving_codecs() -> dict[str, Codec]:
     """A decoder for every codec a peer accepts, keyed by the envelope's codec name."""
     return {name: CompressorCodec(name) for name in compression.COMPRESSORS}
-
-
-def _link_seed(seed: int, link: str) -> int:
-    """A 64-bit seed for one link's randomness, derived from the sender's seed and the link."""
-    digest = hashlib.sha256(f"{seed}:{link}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
-class LinkEncoders:
-    """A sender's codec state per link: error-feedback residual and generator per neighbour.
-
-    With error feedback (Seide et al. 2014; Stich et al. 2018) the sender keeps what it did
-    not send, ``e <- x + e - C(x + e)``; when the message differs per neighbour, the residual
-    of one link must not leak into another. Each link id (the neighbour's peer id) gets its
-    own compressor built from ``spec`` and its own generator, seeded from ``(seed, link)``,
-    so the same seed and link give the same payloads. Each direction of a link has its own
-    sender, so per link on the sending side is per link and direction.
-
-    >>> encoders = LinkEncoders("topk:ratio=0.5,feedback=true", seed=0)
-    >>> payload, sent = encoders.encode("peer-1", torch.tensor([4.0, -1.0, 0.5, 2.0]))
-    >>> sent
-    tensor([4., 0., 0., 2.])
-    >>> encoders.encode("peer-1", torch.zeros(4))[1]  # the residual goes out next
-    tensor([ 0.0000, -1.0000,  0.5000,  0.0000])
-    >>> encoders.encode("peer-2", torch.zeros(4))[1]  # another link has its own
-    tensor([0., 0., 0., 0.])
-    """
-
-    def __init__(self, spec: str, *, seed: int) -> None:
-        self.spec = spec
-        self.name = _build(spec).codec  # validates the spec up front
-        self.seed = seed
-        self._links: dict[str, tuple[compression.Compressor, torch.Generator]] = {}
-
-    @property
-    def links(self) -> tuple[str, ...]:
-        """The links that hold state, in the order they first sent."""
-        return tuple(self._links)
-
-    def encode(self, link: str, vector: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
-        """``(payload, decoded)`` of ``vector [d]`` for ``link``: what to send, and what the
-        neighbour will decode (in ``vector``'s dtype), updating the link's residual."""
-        if not isinstance(link, str) or not link:
-            raise ValueError(f"link must be a non-empty peer id, got {link!r}")
-        state = self._links.get(link)
-        if state is None:
-            state = (_build(self.spec), torch.Generator().manual_seed(_link_seed(self.seed, link)))
-            self._links[link] = state
-        compressor, generator = state
-        payload, decoded = compressor.encode_and_decode(vector, generator)
-        return dict(payload), decoded.to(vector.dtype)
-
-    def forget(self, link: str) -> None:
-        """Drop ``link``'s residual and generator (a neighbour evicted or gone); unknown links
-        are ignored. A later :meth:`encode` for it starts afresh."""
-        self._links.pop(link, None)

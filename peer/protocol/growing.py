@@ -6,8 +6,8 @@ for the whole buffer before its first byte is sent puts that pass in series with
 transfer. A :class:`GrowingBuffer` lets them overlap: the worker computes the buffer in
 chunks and publishes how far it got (:meth:`GrowingBuffer.advance`, thread-safe), and the
 body writer (:class:`peer.transport.body.EnvelopeBody`) sends each slice once it is ready
-(:meth:`GrowingBuffer.ready`). A worker that fails publishes its error instead
-(:meth:`GrowingBuffer.fail`): the writer raises :class:`ProducerFailed` and the body is
+(:meth:`GrowingBuffer.ready`). A worker that fails has its error published instead
+(:func:`fill_in_thread`): the writer raises :class:`ProducerFailed` and the body is
 never completed, so a reader that authenticates or length-checks the body applies nothing.
 
 The worker publishes the last bytes only when everything it must do is done (a callee
@@ -55,10 +55,6 @@ class GrowingBuffer:
     def advance(self, end: int) -> None:
         """The first ``end`` bytes are written (from any thread)."""
         self._loop.call_soon_threadsafe(self._advanced, end)
-
-    def fail(self, error: BaseException) -> None:
-        """The worker failed: waiters raise :class:`ProducerFailed` (from any thread)."""
-        self._loop.call_soon_threadsafe(self._failed, error)
 
     # ------------------------------------------------------------ the loop's side
 

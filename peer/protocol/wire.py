@@ -201,11 +201,6 @@ def _refuse_ext(code: int, data: bytes) -> object:
     raise MalformedBody(f"msgpack extension types are not part of the protocol (got ext {code})")
 
 
-def pack(obj: object) -> bytes:
-    """msgpack-encode a protocol map (bin for bytes, str for text, no extension types)."""
-    return msgpack.packb(obj, use_bin_type=True)
-
-
 def unpack(body: bytes, *, max_bytes: int) -> Any:
     """Decode one msgpack object from ``body`` (at most ``max_bytes``), refusing extension types."""
     if len(body) > max_bytes:

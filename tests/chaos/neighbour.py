@@ -315,7 +315,7 @@ class HostileNeighbour:
             ) as response:
                 await response.read()
                 return response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
 

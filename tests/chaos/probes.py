@@ -13,7 +13,6 @@ exchange it accepts; for a training peer the suite reads the count of exchanges 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from typing import Any
@@ -64,7 +63,7 @@ class Probe:
         try:
             async with self.session.get(url, headers=headers, timeout=TIMEOUT) as response:
                 return response.status, await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
             raise ProbeError(f"{self.address}{path}: {type(error).__name__}: {error}") from error
 
     async def status(self) -> dict[str, Any]:

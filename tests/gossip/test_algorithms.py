@@ -23,7 +23,7 @@ from gossip.algorithms import (
 )
 from gossip.compression import build_compressor
 from gossip.flat import FlatParameters, ParameterLayout
-from gossip.pairwise import ad_psgd, average_pair, pairwise_average
+from gossip.pairwise import PairwiseGossip, ad_psgd, average_pair
 
 from ._tables import (
     Table,
@@ -356,7 +356,7 @@ def test_pairwise_gossip_preserves_the_sum_and_converges_to_the_average() -> Non
     for _ in range(300):
         order = torch.randperm(n, generator=generator)
         pairs = order[: 2 * (n // 2)].reshape(-1, 2)
-        pairwise_average(x, pairs)
+        PairwiseGossip().exchange(x, pairs)
         assert torch.allclose(x.sum(0), total, rtol=0, atol=1e-12)
     assert torch.allclose(x, average.expand(n, -1), rtol=0, atol=1e-12)
 
@@ -372,7 +372,7 @@ def test_matching_batched_equals_pair_by_pair_and_equals_dpsgd_on_the_matching_t
     n, d = 8, 5
     x = torch.randn(n, d, dtype=torch.float64)
     pairs = torch.tensor([[0, 5], [3, 1], [7, 2]])
-    batched = pairwise_average(x.clone(), pairs)
+    batched = PairwiseGossip().exchange(x.clone(), pairs)
     per_pair = x.clone()
     for a, b in pairs.tolist():
         per_pair[a] = per_pair[b] = average_pair(x[a], x[b])
@@ -388,14 +388,14 @@ def test_matching_batched_equals_pair_by_pair_and_equals_dpsgd_on_the_matching_t
     assert torch.allclose(state.x, batched, rtol=0, atol=1e-15)
 
 
-def test_pairwise_average_refuses_overlapping_or_out_of_range_pairs() -> None:
+def test_pairwise_exchange_refuses_overlapping_or_out_of_range_pairs() -> None:
     x = torch.zeros(4, 2)
     with pytest.raises(ValueError, match="disjoint"):
-        pairwise_average(x, torch.tensor([[0, 1], [1, 2]]))
+        PairwiseGossip().exchange(x, torch.tensor([[0, 1], [1, 2]]))
     with pytest.raises(ValueError, match=r"index nodes in \[0, 4\)"):
-        pairwise_average(x, torch.tensor([[0, 4]]))
+        PairwiseGossip().exchange(x, torch.tensor([[0, 4]]))
     with pytest.raises(ValueError, match=r"shape \[m, 2\]"):
-        pairwise_average(x, torch.tensor([0, 1]))
+        PairwiseGossip().exchange(x, torch.tensor([0, 1]))
 
 
 # ----------------------------------------------------------------------------- push-sum

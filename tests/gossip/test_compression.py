@@ -20,7 +20,6 @@ from gossip.compression import (
     TopK,
     build_compressor,
     decode,
-    describe_compressors,
 )
 
 SPECS = [
@@ -443,9 +442,6 @@ def test_registry_lists_every_codec_and_specs_round_trip() -> None:
     for spec in [*SPECS, "topk:ratio=0.01,feedback=true", "qsgd:bits=4,block=8,feedback=yes"]:
         codec = build_compressor(spec)
         assert build_compressor(codec.spec).spec == codec.spec
-    listing = describe_compressors().splitlines()
-    assert [line.split(":")[0].split()[0] for line in listing] == list(COMPRESSORS)
-    assert any(line.startswith("qsgd:bits=8,block=256,feedback=false") for line in listing)
 
 
 @pytest.mark.parametrize(

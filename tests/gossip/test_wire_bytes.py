@@ -25,7 +25,7 @@ from gossip.compression import (
     launch_envelope_bytes,
     launch_peer_id,
 )
-from peer.protocol.codecs import LinkEncoders, build_codec
+from peer.protocol.codecs import build_codec
 from peer.protocol.wire import MAX_ROUND, Envelope, pack_envelope
 from sim.algorithms import Context, OptimizerConfig
 from sim.batched import BatchedPeers
@@ -85,15 +85,15 @@ def test_envelope_bytes_is_the_length_of_the_body_a_peer_sends(spec: str, m: int
 
 
 @pytest.mark.parametrize("m", LENGTHS)
-def test_per_link_error_feedback_sends_bodies_of_the_charged_size(m: int) -> None:
-    """Feedback changes what is sent, never its size: every message of every link weighs
-    what the simulator charges."""
-    encoders = LinkEncoders("topk:ratio=0.1,feedback=true", seed=3)
+def test_error_feedback_sends_bodies_of_the_charged_size(m: int) -> None:
+    """Feedback changes what is sent, never its size: every message, residual included,
+    weighs what the simulator charges."""
+    codec = build_codec("topk:ratio=0.1,feedback=true", seed=3)
     payload_bytes = build_compressor("topk:ratio=0.1").wire_bytes(m)
     generator = torch.Generator().manual_seed(0)
     for round_ in range(3):
-        for link in ("peer-1", "peer-2"):
-            payload, _ = encoders.encode(link, torch.randn(m, generator=generator))
+        for _ in range(2):  # two messages a round: the residual of one goes into the next
+            payload = codec.encode(torch.randn(m, generator=generator))
             body = pack_envelope(
                 Envelope(sender="peer-0", round=round_, step=7, codec="topk", payload=payload)
             )

@@ -34,7 +34,7 @@ from gossip.algorithms import (
     local_sgd,
 )
 from gossip.compression import build_compressor
-from gossip.pairwise import pairwise_average
+from gossip.pairwise import PairwiseGossip
 from peer.node.config import PeerConfig
 from peer.node.peer import Peer
 from workloads import build_model
@@ -240,7 +240,7 @@ async def test_choco_peers_match_the_simulator(codec: str) -> None:
 # --------------------------------------------------------------------------- AD-PSGD
 
 
-def test_simulator_pairwise_average_keeps_the_sum_over_nodes() -> None:
+def test_simulator_pairwise_exchange_keeps_the_sum_over_nodes() -> None:
     """AD-PSGD's exchange (Lian et al., ICML 2018) ``x_a, x_b <- (x_a + x_b)/2`` keeps
     ``sum_i x_i``: several random matchings, some nodes left out, applied in turn; the
     unpaired nodes keep their models exactly and both ends of a pair hold one value."""
@@ -251,7 +251,7 @@ def test_simulator_pairwise_average_keeps_the_sum_over_nodes() -> None:
         nodes = torch.randperm(9, generator=generator)[:8]  # one node sits out each time
         pairs = nodes[: 2 * int(torch.randint(1, 5, (1,), generator=generator))].reshape(-1, 2)
         before = x.clone()
-        pairwise_average(x, pairs)
+        PairwiseGossip().exchange(x, pairs)
         # a few float32 ulps of a sum of 9 rows (measured: 2 ulps, 9.5e-7)
         torch.testing.assert_close(x.sum(dim=0), before.sum(dim=0), atol=1e-5, rtol=1e-5)
         paired = pairs.reshape(-1)
@@ -307,7 +307,8 @@ def _pair_sum(a: Peer, b: Peer) -> Tensor:
 
 async def test_peer_pairwise_gossip_keeps_the_pair_sum() -> None:
     """Two real AD-PSGD peers: each ``gossip()`` averages the pair over HTTP and keeps
-    ``x_a + x_b``; the pair ends equal to the simulator's ``pairwise_average`` of the two."""
+    ``x_a + x_b``; the pair ends equal to the simulator's ``PairwiseGossip().exchange`` of
+    the two."""
     generator = torch.Generator().manual_seed(0)
     async with _async_pair() as (a, b):
         for turn in range(6):
@@ -318,7 +319,7 @@ async def test_peer_pairwise_gossip_keeps_the_pair_sum() -> None:
             caller = (a, b)[turn % 2]
             assert await caller.gossip() == 1
             torch.testing.assert_close(_pair_sum(a, b), stacked.sum(dim=0), atol=1e-6, rtol=1e-5)
-            expected = pairwise_average(stacked.clone(), torch.tensor([[0, 1]]))
+            expected = PairwiseGossip().exchange(stacked.clone(), torch.tensor([[0, 1]]))
             after = torch.stack([a.flat.vector.detach(), b.flat.vector.detach()])
             torch.testing.assert_close(after, expected, atol=1e-6, rtol=1e-5)
 

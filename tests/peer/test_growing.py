@@ -94,17 +94,6 @@ async def test_a_failed_worker_raises_producer_failed_with_its_error() -> None:
     assert isinstance(task.exception(), RuntimeError)
 
 
-async def test_fail_from_the_worker_thread_wakes_the_waiter() -> None:
-    _, growing = growing_of(100)
-    waiting = asyncio.create_task(growing.ready(100))
-    await asyncio.sleep(0)
-    thread = threading.Thread(target=growing.fail, args=(OSError("disk"),))
-    thread.start()
-    thread.join()
-    with pytest.raises(ProducerFailed):
-        await asyncio.wait_for(waiting, WAIT_S)
-
-
 async def test_release_waits_for_the_worker_before_the_memory_is_reused() -> None:
     """``when_released`` callbacks (a pool taking the buffer back) run only once the body
     is done *and* the worker returned, never while the worker may still write."""

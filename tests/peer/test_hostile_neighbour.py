@@ -390,7 +390,7 @@ async def raw_neighbour(answer: bytes) -> AsyncIterator[str]:
             await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)
             writer.write(answer)
             await writer.drain()
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()

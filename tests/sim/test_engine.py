@@ -128,8 +128,8 @@ def test_dropout_draws_a_mask_per_peer_in_training_and_none_in_evaluation() -> N
     for row in range(n):
         assert torch.allclose(logits[row], expected, atol=1e-6)
     assert peers.template.training  # back in training mode for the next gradients
-    # the same seed draws the same masks
-    torch.manual_seed(0)
+    # the same seed draws the same masks, whatever state torch's global generator is in
+    torch.manual_seed(1)
     again = BatchedPeers(dropout_mlp, n, seed=5)
     assert torch.equal(again.gradients(xs, ys)[1], grads)
 

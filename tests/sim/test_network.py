@@ -11,7 +11,6 @@ from sim.network import (
     Failures,
     Links,
     asynchronous_gossip_events,
-    gossip_send_time,
     parameter_server_time,
     ring_allreduce_time,
     synchronous_round_time,
@@ -24,6 +23,19 @@ def ring_rows(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Neighbour rows of a ring (degree 2), written out for the time model only."""
     index = np.stack([(np.arange(n) - 1) % n, (np.arange(n) + 1) % n], axis=1)
     return index, np.ones_like(index, dtype=bool)
+
+
+def gossip_send_time(
+    links: Links, index: np.ndarray, mask: np.ndarray, size: float | np.ndarray
+) -> np.ndarray:
+    """Per-peer time ``[n]`` to send its message to every neighbour in its row, one after the
+    other, ``T_i = Σ_{j ∈ N(i)} (α_ij + M_i/B_ij)``: the gossip side of the comparisons
+    below."""
+    n = index.shape[0]
+    source = np.broadcast_to(np.arange(n)[:, None], index.shape)
+    alpha, beta = links.link(source, index)
+    m = np.broadcast_to(np.asarray(size, dtype=np.float64).reshape(-1, 1), (n, 1))
+    return np.where(mask, alpha + m / beta, 0.0).sum(axis=1)
 
 
 def test_ring_allreduce_formula() -> None:
@@ -83,7 +95,7 @@ def test_bandwidth_bound_ring_beats_gossip_and_latency_bound_ring_loses() -> Non
     assert small < low < big
 
 
-def test_gossip_send_time_sums_over_the_neighbours_with_per_peer_sizes() -> None:
+def test_a_link_has_the_larger_latency_of_its_two_ends_per_message() -> None:
     links = Links.uniform(4, latency=[1e-3, 1e-3, 1e-3, 5e-3], bandwidth=1e6)
     index, mask = ring_rows(4)
     mask[0, 1] = False  # peer 0 sends only to 3

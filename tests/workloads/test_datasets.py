@@ -1,4 +1,4 @@
-"""Data sets: the Dataset contract, loading by spec, MNIST-1D generation and cache, label flipping."""
+"""Data sets: the Dataset contract, loading by spec, MNIST-1D generation and cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from workloads import DATASETS, Dataset, DatasetConfig, flip_labels, load_dataset
+from workloads import DATASETS, Dataset, DatasetConfig, load_dataset
 
 
 def small_dataset() -> Dataset:
@@ -184,39 +184,3 @@ def test_mnist1d_without_the_package_says_how_to_install(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "mnist1d.data", None)
     with pytest.raises(ImportError, match=r"pip install gossipnet\[sim\]"):
         load_dataset("mnist1d:num_samples=100")
-
-
-def test_flip_labels_reverse_only_on_chosen_indices() -> None:
-    data = small_dataset()
-    chosen = [torch.tensor([0, 5]), torch.tensor([7])]
-    flipped = flip_labels(data, chosen)
-    assert flipped.y_train[[0, 5, 7]].tolist() == (3 - data.y_train[[0, 5, 7]]).tolist()
-    untouched = torch.ones(data.num_train, dtype=torch.bool)
-    untouched[[0, 5, 7]] = False
-    assert torch.equal(flipped.y_train[untouched], data.y_train[untouched])
-    assert torch.equal(flipped.y_test, data.y_test) and flipped.x_train is data.x_train
-    assert torch.equal(flip_labels(data).y_train, 3 - data.y_train)
-    assert data.y_train[0] == small_dataset().y_train[0]  # the input is not modified
-
-
-def test_flip_labels_permutation_is_a_seeded_derangement() -> None:
-    data = load_dataset("synthetic:num_samples=500,num_classes=10,seed=0")
-    a = flip_labels(data, mode="permutation", seed=4)
-    b = flip_labels(data, mode="permutation", seed=4)
-    c = flip_labels(data, mode="permutation", seed=5)
-    assert torch.equal(a.y_train, b.y_train) and not torch.equal(a.y_train, c.y_train)
-    mapping: dict[int, int] = {}
-    for old, new in zip(data.y_train.tolist(), a.y_train.tolist()):
-        assert mapping.setdefault(old, new) == new  # a function of the label
-    assert sorted(mapping.values()) == list(range(10))  # a permutation
-    assert all(old != new for old, new in mapping.items())  # no label kept
-
-
-def test_flip_labels_errors() -> None:
-    data = small_dataset()
-    with pytest.raises(ValueError, match="mode must be 'reverse' or 'permutation', got 'swap'"):
-        flip_labels(data, mode="swap")
-    with pytest.raises(ValueError, match=r"indices must lie in 0..95"):
-        flip_labels(data, torch.tensor([96]))
-    with pytest.raises(ValueError, match="indices must be 1-D int64"):
-        flip_labels(data, torch.tensor([0.5]))
