@@ -99,7 +99,7 @@ class PeerConfig:
             often as it calls). After construction an async peer's holds the number; in
             sync mode it must be left ``None`` (an error otherwise).
         round_deadline_s: sync mode: how long a round waits for neighbours.
-        seed: seeds neighbour choice (with the peer id) and data order.
+        seed: seeds neighbour choice (with the peer id), data order and dropout masks.
         topology: neighbours from a ``topologies`` graph or schedule over ``peer_list``
             (``ring``, ``exponential``, ``random-regular:degree=4``,
             ``one-peer-exponential``...); ``None`` = random neighbours from the view.

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from gossip.compression import node_seed
 from peer.node.checkpointing import Checkpointing
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.context import HEALTH_WINDOW_ROUNDS, PeerContext
@@ -119,7 +120,13 @@ class Peer:
             raise TypeError(f"recipe must be a ModelRecipe or None, got {type(recipe).__name__}")
         device = resolve_device(config.device)
         trainer = Trainer(
-            model, optimizer, loss_fn, train_data, device, buffers=config.average_buffers
+            model,
+            optimizer,
+            loss_fn,
+            train_data,
+            device,
+            buffers=config.average_buffers,
+            seed=node_seed(config.seed + 2, config.peer_id),  # dropout masks
         )
         ctx = self.ctx = PeerContext.build(trainer, config)
         """The parts every part of this peer shares (:mod:`peer.node.context`)."""
