@@ -16,8 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_parser import HttpRequestParser
-from aiohttp.web_protocol import MAX_MSG_QUEUE_SIZE, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
 from peer.protocol.errors import MalformedRequest, Overloaded
@@ -56,34 +54,15 @@ class JsonErrorRequestHandler(web.RequestHandler):
 
     def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, **kwargs: Any):
         super().__init__(manager, loop=loop, **kwargs)
-        self._parser_options = {
+        self.parser_options: dict[str, Any] = {
             "max_line_size": kwargs.get("max_line_size", 8190),
             "max_field_size": kwargs.get("max_field_size", 8190),
             "max_headers": kwargs.get("max_headers", 128),
             "auto_decompress": kwargs.get("auto_decompress", True),
         }
-        self._parser_bufsize = kwargs.get("read_bufsize", 2**16)
-
-    def renew_parser(self) -> bool:
-        """Give the connection a fresh HTTP parser, configured as aiohttp made the first:
-        after a request body was read straight from the socket (``peer.transport.receive``), the old
-        parser still expects those bytes, and would take the next request for them. False
-        (the connection must then be closed) where aiohttp's internals are not as expected."""
-        if getattr(self, "_parser", None) is None or getattr(self, "_upgraded", True):
-            return False
-        try:
-            parser = HttpRequestParser(
-                self,
-                self._loop,
-                self._parser_bufsize,
-                payload_exception=RequestPayloadError,
-                max_msg_queue_size=MAX_MSG_QUEUE_SIZE,
-                **self._parser_options,
-            )
-        except TypeError:
-            return False
-        self._parser = parser
-        return True
+        """How aiohttp configured this connection's parser (a renewed one is configured
+        alike: :func:`peer.transport.socket_reads.renew_parser`)."""
+        self.read_bufsize: int = kwargs.get("read_bufsize", 2**16)
 
     def handle_error(
         self,

@@ -13,6 +13,7 @@ from peer.transport.admission import ByteBudget, ServerLimits, ServingShare, Slo
 from peer.transport.body import ArenaPool
 from peer.transport.responses import error_response
 from peer.transport.service import DIRECT_READ, ServerState, Service, server_log
+from peer.transport.socket_reads import DirectReads
 
 __all__ = ["ServerContext"]
 
@@ -20,17 +21,21 @@ __all__ = ["ServerContext"]
 @dataclass
 class ServerContext:
     """One app's service, limits, exchange slots, unauthenticated byte budget, receive
-    buffers and serving share (:meth:`of` makes them from the limits)."""
+    buffers, body reads and serving share (:meth:`of` makes them from the limits)."""
 
     service: Service
     limits: ServerLimits
     slots: Slots
     budget: ByteBudget
     arenas: ArenaPool
+    reads: DirectReads
     share: ServingShare | None = field(default=None)
 
     @classmethod
-    def of(cls, service: Service, limits: ServerLimits) -> ServerContext:
+    def of(
+        cls, service: Service, limits: ServerLimits, *, direct_reads: bool | None = None
+    ) -> ServerContext:
+        """The context of one app; ``direct_reads``: :class:`DirectReads`' ``direct``."""
         return cls(
             service=service,
             limits=limits,
@@ -40,6 +45,7 @@ class ServerContext:
                 limits.max_concurrent_exchanges,
                 pin=bool(getattr(service, "pin_buffers", False)),
             ),
+            reads=DirectReads(direct=direct_reads),
             share=getattr(service, "serving_share", None),
         )
 
@@ -49,7 +55,12 @@ class ServerContext:
         return self.limits.body_timeout_s
 
     def state(self) -> ServerState:
-        return ServerState(limits=self.limits, slots=self.slots, budget=self.budget)
+        return ServerState(
+            limits=self.limits,
+            slots=self.slots,
+            budget=self.budget,
+            direct_reads=self.reads.enabled,
+        )
 
     def refused(self, request: web.Request, error: ProtocolError) -> web.Response:
         """``error`` as the JSON answer, counted and logged as one line; the connection

@@ -4,7 +4,8 @@ middleware answering every HTTP error in the JSON error shape.
 A signed JSON endpoint checks the header's form and clock first; a body (join) is read
 through :data:`~peer.transport.admission.MAX_JSON_BYTES` and the unauthenticated byte budget
 as it arrives, under the body deadline, then its digest signature is checked, and only then
-is it parsed; the answer is signed.
+is it parsed; the answer is signed. A body with a Content-Encoding is refused before it is
+read (``400 malformed_request``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import StreamReader as HttpStream
 
 from peer.protocol.auth import SCHEME, STREAM_SCHEME, is_streamed
 from peer.protocol.errors import (
@@ -30,35 +29,30 @@ from peer.protocol.wire import PROTOCOL_VERSION
 from peer.transport.admission import MAX_JSON_BYTES, ByteAccount
 from peer.transport.answer import has_body
 from peer.transport.context import ServerContext
+from peer.transport.reading import check_identity, read_whole
 from peer.transport.responses import error_response, http_error_response
 from peer.transport.service import server_log
 
-__all__ = ["Handler", "json_errors", "json_routes", "read_json_body"]
+__all__ = ["Handler", "json_errors", "json_routes"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BodyHandler = Callable[[web.Request, bytes], Awaitable[web.Response]]
 
 
-async def read_json_body(
-    stream: HttpStream, *, length: int | None, cap: int, account: ByteAccount, deadline_s: float
-) -> bytes:
-    """A JSON control body, at most ``cap`` bytes, every chunk charged to ``account`` as it
-    arrives (so a large or slow body holds no more than it sent, within the budget)."""
-    body = bytearray()
+async def _read_json_body(ctx: ServerContext, request: web.Request, account: ByteAccount) -> bytes:
+    """A JSON control body, read whole (:func:`~peer.transport.reading.read_whole`) through
+    :data:`MAX_JSON_BYTES` and the byte budget, under the body deadline."""
+    deadline_s = ctx.deadline_s
     try:
         async with asyncio.timeout(deadline_s):
-            while chunk := await stream.readany():
-                if len(body) + len(chunk) > cap:
-                    raise BodyTooLarge(f"body exceeds the cap of {cap} bytes")
-                account.charge(len(chunk))
-                body += chunk
+            return await read_whole(
+                request.content,
+                length=request.content_length,
+                cap=MAX_JSON_BYTES,
+                account=account,
+            )
     except TimeoutError:
         raise SlowBody(f"body not received within {deadline_s:g} s") from None
-    except (ConnectionError, web.RequestPayloadError, HttpProcessingError) as error:
-        raise MalformedBody(f"body broken off: {error}") from None
-    if length is not None and len(body) != length:
-        raise MalformedBody(f"body ended after {len(body)} of {length} bytes (Content-Length)")
-    return bytes(body)
 
 
 def _check_json_header(ctx: ServerContext, request: web.Request) -> None:
@@ -90,13 +84,8 @@ def protected(ctx: ServerContext, handler: BodyHandler, *, takes_body: bool) -> 
                 elif length is not None and length > MAX_JSON_BYTES:
                     raise BodyTooLarge(f"body has {length} bytes, the cap is {MAX_JSON_BYTES}")
                 elif has_body(request):
-                    body = await read_json_body(
-                        request.content,
-                        length=length,
-                        cap=MAX_JSON_BYTES,
-                        account=account,
-                        deadline_s=ctx.deadline_s,
-                    )
+                    check_identity(request.headers)
+                    body = await _read_json_body(ctx, request, account)
                 if service.verifier is not None:
                     nonce = service.verifier.verify(
                         request.method, request.path_qs, request.headers, body

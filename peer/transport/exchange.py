@@ -5,14 +5,22 @@ exchange slot, a share of the unauthenticated byte budget, a receive buffer) unt
 however it ends:
 
 1. **admit** (nothing read yet): the signature header (a stream-signed one verified whole,
-   a digest-signed one for its form and clock), the size cap (``413``), then an exchange
+   a digest-signed one for its form and clock: ``401``), an identity body (no
+   Content-Encoding: ``400 malformed_request``), the size cap (``413``), then an exchange
    slot and the serving share (``409 busy``) for a body whose header is authentic or in an
    open swarm, or the unauthenticated byte budget (``429 overloaded``) for a digest-signed
    body, which must be read before its signature can be checked;
-2. **read** the body under the body deadline (``408``), into a reused buffer where the
-   service allows; model-sized bodies straight from the socket (``peer.transport.receive``);
-3. **check** the digest signature (then take the slot), the envelope and the vector;
+2. **read** the body under the body deadline (``408``), authenticated before it is parsed
+   (:mod:`peer.transport.reading`: a digest-signed body read whole and its digest checked,
+   then the slot taken; a stream-signed body's tag checked whatever the parser made of the
+   bytes before it: ``401`` before any ``400``), into a reused buffer where the service
+   allows, model-sized bodies straight from the socket (:mod:`peer.transport.socket_reads`);
+3. **check** the envelope and the vector (``4xx``);
 4. **answer** with our envelope, within the slot (:func:`peer.transport.answer.send_envelope`).
+
+The serving share (:class:`~peer.transport.admission.ServingShare`) admits an exchange at
+step 1 but counts its time only from the end of step 2: time spent on bytes not yet
+authenticated (a stalled or forged body) never counts against it.
 
 ``Expect: 100-continue`` runs the checks of step 1 that cost nothing on the headers alone
 (:func:`exchange_expect`).
@@ -28,7 +36,7 @@ import torch
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from peer.protocol.auth import STREAM_SCHEME, is_streamed
+from peer.protocol.auth import STREAM_SCHEME, body_digest, is_streamed
 from peer.protocol.errors import (
     BodyTooLarge,
     ExpectationFailed,
@@ -36,14 +44,15 @@ from peer.protocol.errors import (
     ProtocolError,
     SlowBody,
 )
+from peer.protocol.source import BodySource, ChunkSource
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import Envelope, check_envelope
+from peer.transport.admission import ByteAccount
 from peer.transport.answer import has_body, send_envelope
 from peer.transport.body import read_envelope_object
-from peer.transport.connection import JsonErrorRequestHandler
 from peer.transport.context import ServerContext
-from peer.transport.receive import can_take_over, take_over
-from peer.transport.service import ANSWERED, DIRECT_READ
+from peer.transport.reading import TaggedBody, check_identity, read_whole
+from peer.transport.service import ANSWERED
 
 __all__ = ["Exchange", "exchange_expect"]
 
@@ -56,13 +65,21 @@ class Exchange:
         self.request = request
         self.length = request.content_length
         self.nonce: str | None = None
-        self.stream = False
-        """Stream-signed: the header is verified whole, the body ends with a Poly1305 tag."""
+        self.tag_key: bytes | None = None
+        """Stream-signed: the header is verified whole, the body ends with a Poly1305 tag
+        under this key."""
         self.unverified = False
         """Digest-signed: read under the byte budget before its signature can be checked."""
+        self.budget_bytes = 0
+        """What a digest-signed body was charged to the byte budget at admission."""
         self.slot = False
-        self.started = 0.0
+        self.started: float | None = None
+        """When the authenticated work began (the serving share counts it from there)."""
         self.arena: torch.Tensor | None = None
+
+    @property
+    def stream(self) -> bool:
+        return self.tag_key is not None
 
     async def run(self) -> web.StreamResponse:
         ctx = self.ctx
@@ -72,9 +89,10 @@ class Exchange:
         try:
             with ctx.budget.account() as account:
                 self._admit(account)
-                obj, digest = await self._read()
+                obj = await self._read()
+                if ctx.share is not None:
+                    self.started = ctx.share.start()
                 service.metrics.bytes(direction="in").inc(self.length or 0)
-                self._check_digest(digest)
                 received = time.perf_counter()
                 envelope, vector = await self._decode(obj)
                 checked = time.perf_counter()
@@ -96,24 +114,28 @@ class Exchange:
         finally:
             self._release()
 
-    def _admit(self, account: Any) -> None:
+    def _admit(self, account: ByteAccount) -> None:
+        """Step 1: everything decided on the headers, before a body byte is read."""
         ctx = self.ctx
         service = ctx.service
         request = self.request
         length = self.length
         verifier = service.verifier
         if verifier is not None:
-            self.stream = is_streamed(request.headers)
-            if self.stream:
+            if is_streamed(request.headers):
                 self.nonce = verifier.verify_stream(
                     request.method, request.path_qs, request.headers, length or 0
                 )
+                self.tag_key = verifier.body_key(self.nonce, "request")
             else:
                 verifier.check_form(request.headers)
+        check_identity(request.headers)
         if length is not None and length > service.max_body_bytes:
             raise BodyTooLarge(f"body has {length} bytes, the cap is {service.max_body_bytes}")
         if not has_body(request):
             raise MalformedBody("an exchange needs a body (the caller's envelope)")
+        if self.stream and length is None:
+            raise MalformedBody("a stream-signed body needs a Content-Length")
         self.unverified = verifier is not None and not self.stream
         if self.unverified:
             # read before its digest can be checked: held under the byte budget
@@ -125,6 +147,7 @@ class Exchange:
                     f"larger bodies with {STREAM_SCHEME}"
                 )
             account.charge(need)
+            self.budget_bytes = need
         else:
             self._take_slot()
             if length is not None and not getattr(service, "retains_messages", True):
@@ -133,70 +156,84 @@ class Exchange:
     def _take_slot(self) -> None:
         self.ctx.take_exchange_slot()
         self.slot = True
-        share = self.ctx.share
-        self.started = share.start() if share is not None else 0.0
 
-    async def _read(self) -> tuple[Any, str | None]:
-        """The request's envelope, read under the body deadline. A model-sized body is read
-        straight into the arena (``peer.transport.receive``: its connection then closes after
-        the answer, ``request[DIRECT_READ]``); other bodies through aiohttp's stream."""
-        ctx = self.ctx
-        request = self.request
-        verifier = ctx.service.verifier
-        tag_key = None
-        if self.stream and self.nonce is not None and verifier is not None:
-            tag_key = verifier.body_key(self.nonce, "request")
-        length = self.length
-        deadline_s = ctx.deadline_s
-        direct = None
-        if length is not None and can_take_over(request.headers, length):
-            # until the parser is renewed, the connection must close after the answer
-            direct = take_over(request.transport, request.protocol, request.content, length=length)
-            request[DIRECT_READ] = direct is not None
-        read_whole = False
+    async def _read(self) -> Any:
+        """Step 2: the request's envelope object, authenticated before it is parsed
+        (:mod:`peer.transport.reading`), under the body deadline. A large open or
+        stream-signed body is read straight into the arena where the app reads directly
+        (:class:`peer.transport.socket_reads.DirectReads`)."""
+        deadline_s = self.ctx.deadline_s
         try:
             async with asyncio.timeout(deadline_s):
-                result = await read_envelope_object(
-                    direct if direct is not None else request.content,
-                    length=length,
-                    cap=ctx.service.max_body_bytes,
-                    arena=self.arena,
-                    tag_key=tag_key,
-                    digest=self.unverified,
-                )
-            read_whole = True
-            return result
+                if self.unverified:
+                    return await self._read_digest_signed()
+                return await self._read_streamed()
         except TimeoutError:
             raise SlowBody(f"body not received within {deadline_s:g} s") from None
         except (ConnectionError, web.RequestPayloadError, HttpProcessingError) as error:
             raise MalformedBody(f"body broken off: {error}") from None
-        finally:
-            if direct is not None:
-                # a body read to its last byte and then refused (a wrong tag, trailing
-                # bytes) leaves the connection in step as a good one does
-                if read_whole or (direct.remaining == 0 and not direct.ended):
-                    handler = request.protocol
-                    renewed = isinstance(handler, JsonErrorRequestHandler) and (
-                        handler.renew_parser()
-                    )
-                    direct.finish(request.content, keep_alive=renewed)
-                    request[DIRECT_READ] = not renewed
-                else:
-                    direct.abandon()
 
-    def _check_digest(self, digest: str | None) -> None:
-        if not self.unverified:
-            return
+    async def _read_digest_signed(self) -> Any:
+        """Read whole (charged to the byte budget at admission), the digest checked, the
+        slot taken, then parsed."""
         request = self.request
-        verifier = self.ctx.service.verifier
-        assert verifier is not None and digest is not None
+        service = self.ctx.service
+        verifier = service.verifier
+        assert verifier is not None
+        body = await read_whole(
+            request.content, length=self.length, cap=self.budget_bytes, account=None
+        )
+        digest = await in_thread(body_digest, body)
         self.nonce = verifier.verify_digest(
             request.method, request.path_qs, request.headers, digest
         )
         self._take_slot()
+        chunks = [body]
+
+        async def once() -> bytes:
+            return chunks.pop() if chunks else b""
+
+        obj, _ = await read_envelope_object(
+            ChunkSource(once), length=len(body), cap=service.max_body_bytes
+        )
+        return obj
+
+    async def _read_streamed(self) -> Any:
+        """Parsed as it streams: an open swarm's body as it is, a stream-signed body through
+        a :class:`~peer.transport.reading.TaggedBody`, whose tag is checked whatever the
+        parser made of the bytes before it."""
+        ctx = self.ctx
+        request = self.request
+        cap = ctx.service.max_body_bytes
+        read = ctx.reads.open(request, self.length)
+        source = read.source
+        if not isinstance(source, BodySource):
+            source = ChunkSource(source.readany)
+        whole = False
+        try:
+            if self.tag_key is None:
+                obj, _ = await read_envelope_object(
+                    source, length=self.length, cap=cap, arena=self.arena
+                )
+            else:
+                assert self.length is not None
+                tagged = TaggedBody(source, length=self.length, key=self.tag_key)
+                try:
+                    obj, _ = await read_envelope_object(
+                        tagged, length=tagged.content_length, cap=cap, arena=self.arena
+                    )
+                except (MalformedBody, BodyTooLarge):
+                    await tagged.verify()  # a tag that does not verify is 401 first
+                    raise
+                await tagged.verify()
+            whole = True
+            return obj
+        finally:
+            read.end(whole=whole)
 
     async def _decode(self, obj: Any) -> tuple[Envelope, torch.Tensor]:
-        """The request's envelope and its validated vector (a typed error refuses it)."""
+        """Step 3: the request's envelope and its validated vector (a typed error refuses
+        it)."""
         service = self.ctx.service
         try:
             envelope = check_envelope(obj, codecs=service.codecs)
@@ -213,8 +250,8 @@ class Exchange:
         ctx = self.ctx
         if self.slot:
             ctx.slots.give()
-            if ctx.share is not None:
-                ctx.share.done(self.started)
+        if ctx.share is not None and self.started is not None:
+            ctx.share.done(self.started)
         if self.arena is not None:
             ctx.arenas.give(self.arena)
 

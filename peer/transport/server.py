@@ -19,10 +19,12 @@ Then, in this order and before the body is read: the body cap (``413``), and the
 what the request would hold (:mod:`peer.transport.admission`): an exchange slot (``409 busy``) for
 a model-sized body whose header is authentic or in an open swarm, or a share of the
 unauthenticated byte budget (``429 overloaded``) for a body that must be read before its
-digest signature can be checked (JSON control bodies, digest-signed exchanges). Bodies
-are read through their cap as they arrive (never read whole, then measured), each under
-the body deadline (``408 body_timeout``), and whatever was taken is given back when the
-request ends, however it ends. A model-sized answer is written while its slot is held,
+digest signature can be checked (JSON control bodies, digest-signed exchanges). A body
+with a Content-Encoding is refused unread (``400 malformed_request``; the server never
+decodes one). Bodies are read through their cap as they arrive (never read whole, then
+measured), each under the body deadline (``408 body_timeout``), and authenticated before
+they are parsed (:mod:`peer.transport.reading`: a forged request is ``401`` whatever its
+body); whatever was taken is given back when the request ends, however it ends. A model-sized answer is written while its slot is held,
 under the same deadline, so slow readers cannot pile up answers.
 
 **JSON errors everywhere.** Every refusal is a :class:`~peer.protocol.errors.ProtocolError`
@@ -37,8 +39,10 @@ Responses to signed requests are signed in turn (bound to the request's nonce).
 The server's modules, one job each: :mod:`~peer.transport.service` (what it serves),
 :mod:`~peer.transport.context` (what its endpoints share), :mod:`~peer.transport.exchange`
 (the exchange pipeline), :mod:`~peer.transport.answer` (model-sized answers, ``/v1/state``),
-:mod:`~peer.transport.control` (the JSON endpoints), :mod:`~peer.transport.responses` (JSON
-errors), :mod:`~peer.transport.connection` (connections and the runner).
+:mod:`~peer.transport.control` (the JSON endpoints), :mod:`~peer.transport.reading`
+(authenticated body reads), :mod:`~peer.transport.socket_reads` (direct socket reads and
+their fallback), :mod:`~peer.transport.responses` (JSON errors),
+:mod:`~peer.transport.connection` (connections and the runner).
 """
 
 from __future__ import annotations
@@ -83,12 +87,16 @@ __all__ = [
 ]
 
 
-def build_app(service: Service, limits: ServerLimits | None = None) -> web.Application:
+def build_app(
+    service: Service, limits: ServerLimits | None = None, *, direct_reads: bool | None = None
+) -> web.Application:
     """The aiohttp application serving ``service``'s endpoints within ``limits`` (default:
     :meth:`~peer.transport.admission.ServerLimits.of` the service). Serve it with :func:`make_runner`
-    for the connection bound and JSON answers to unparseable requests."""
+    for the connection bound and JSON answers to unparseable requests. ``direct_reads``:
+    ``False`` reads every body through aiohttp's public stream
+    (:class:`~peer.transport.socket_reads.DirectReads`; ``None``: directly where it can)."""
     limits = ServerLimits.of(service) if limits is None else limits
-    ctx = ServerContext.of(service, limits)
+    ctx = ServerContext.of(service, limits, direct_reads=direct_reads)
 
     async def exchange_endpoint(request: web.Request) -> web.StreamResponse:
         return await Exchange(ctx, request).run()
@@ -107,18 +115,21 @@ def build_app(service: Service, limits: ServerLimits | None = None) -> web.Appli
     return app
 
 
-def make_runner(service: Service, limits: ServerLimits | None = None) -> web.AppRunner:
+def make_runner(
+    service: Service, limits: ServerLimits | None = None, *, direct_reads: bool | None = None
+) -> web.AppRunner:
     """The runner serving ``service`` (``await runner.setup()``, then a ``web.TCPSite``):
-    :func:`build_app` within ``limits`` (default :meth:`ServerLimits.of` the service),
-    served with the connection bound, the idle and header deadline, aiohttp's header
-    parser bounds, and JSON answers to requests aiohttp cannot parse."""
+    :func:`build_app` within ``limits`` (default :meth:`ServerLimits.of` the service) and
+    ``direct_reads``, served with the connection bound, the idle and header deadline,
+    aiohttp's header parser bounds, no decoding of content-encoded bodies (they are
+    refused unread), and JSON answers to requests aiohttp cannot parse."""
     limits = ServerLimits.of(service) if limits is None else limits
 
     def refused() -> None:
         service.metrics.errors(code=Overloaded.code).inc()
 
     return PeerRunner(
-        build_app(service, limits),
+        build_app(service, limits, direct_reads=direct_reads),
         max_connections=limits.max_connections,
         on_refused=refused,
         access_log=None,
@@ -127,6 +138,7 @@ def make_runner(service: Service, limits: ServerLimits | None = None) -> web.App
         max_line_size=limits.max_field_bytes,
         max_field_size=limits.max_field_bytes,
         max_headers=limits.max_headers,
+        auto_decompress=False,
     )
 
 

@@ -111,6 +111,8 @@ class ServerState:
     limits: ServerLimits
     slots: Slots
     budget: ByteBudget
+    direct_reads: bool = False
+    """Whether large bodies are read straight from the socket (``peer.transport.socket_reads``)."""
 
 
 SERVER_STATE = web.AppKey("gossipnet_server_state", ServerState)
