@@ -258,8 +258,8 @@ class Exchange:
 
 async def exchange_expect(ctx: ServerContext, request: web.Request) -> web.StreamResponse | None:
     """``Expect: 100-continue`` on ``POST /v1/exchange``: the checks that cost nothing
-    (the signature header's form, receiver and clock window; the size cap; a free slot
-    and the serving share) run on the headers alone, and a caller that would be refused
+    (the signature header's form, receiver and clock window; no Content-Encoding; the size
+    cap; a free slot and the serving share) run on the headers alone, and a caller that would be refused
     gets its refusal *before* it sends its model (no model-sized body crosses the network
     to be dropped, no connection lingers to drain it). The full checks run again when the
     body comes (the slot may be gone by then: ``409 busy`` as without Expect)."""
@@ -270,6 +270,7 @@ async def exchange_expect(ctx: ServerContext, request: web.Request) -> web.Strea
     try:
         if service.verifier is not None:
             service.verifier.check_form(request.headers)
+        check_identity(request.headers)
         length = request.content_length
         if length is not None and length > service.max_body_bytes:
             raise BodyTooLarge(f"body has {length} bytes, the cap is {service.max_body_bytes}")

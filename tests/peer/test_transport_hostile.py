@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import pytest
 import torch
 from aiohttp import web
@@ -208,3 +209,31 @@ async def test_stalled_bodies_do_not_spend_the_serving_share(
         assert served.digest() == before
         assert await exchange_status(served, signed=secret is not None) == (200, "")
         assert share.refused == 0
+
+
+async def test_a_content_encoded_exchange_asking_first_is_refused_on_its_headers(
+    served: Served,
+) -> None:
+    """``Expect: 100-continue`` with a Content-Encoding: refused before the body is sent."""
+    sent = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(4):
+            sent += 1 << 16
+            yield b"\0" * (1 << 16)
+
+    nonce = secrets.token_hex(16)
+    headers = stream_headers(served, 4 << 16, nonce)
+    headers.update({"Content-Encoding": "gzip", "Content-Length": str(4 << 16)})
+    before = served.digest()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"http://{served.address}/v1/exchange", data=body(), headers=headers, expect100=True
+        ) as answer,
+    ):
+        error = await answer.json()
+    assert (answer.status, error["error"]) == (400, "malformed_request")
+    assert sent == 0
+    assert served.digest() == before
