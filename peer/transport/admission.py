@@ -246,8 +246,9 @@ class ServingShare:
 
     While the peer trains (``active()`` is true), serving exchanges may take at most
     ``max_share`` of its time. Kept as a leaky bucket: each exchange served adds its wall
-    time (admission to the answer written; concurrent exchanges add up, so the count is
-    conservative), and the bucket drains at ``max_share`` seconds per second. While it
+    time (from its body read whole and authenticated to the answer written: time spent on
+    bytes not authenticated yet, such as a stalled body, never counts; concurrent exchanges
+    add up, so the count is conservative), and the bucket drains at ``max_share`` seconds per second. While it
     holds ``max_share x window_s`` seconds or more, an exchange is refused ``409 busy``
     before its body is read (a caller counts busy as a sign of life and gives its place in
     the round to another neighbour, ``peer.node.pairwise.BUSY_RETRIES``). Over any stretch of
@@ -306,7 +307,7 @@ class ServingShare:
         return False
 
     def start(self) -> float:
-        """The start time of an admitted exchange (pass it to :meth:`done`)."""
+        """The start of an admitted exchange's authenticated work (pass it to :meth:`done`)."""
         return float(self._clock())
 
     def done(self, started: float) -> None:

@@ -22,8 +22,9 @@ the head:
   left as it does for any refused body.
 
 aiohttp's parser of the connection still expects the bytes read here. A connection stays
-alive only where its owner gives it a fresh parser (``peer.transport.server.JsonErrorRequestHandler.
-renew_parser``; a client's parser is made afresh for every response anyway); otherwise it
+alive only where its owner gives it a fresh parser (``peer.transport.socket_reads.renew_parser``,
+behind the one check of aiohttp's internals, :class:`peer.transport.socket_reads.DirectReads`;
+a client's parser is made afresh for every response anyway); otherwise it
 must be closed after its answer (``Connection: close``: the caller reconnects, about a
 millisecond on loopback, a TLS handshake over TLS). Only bodies of at least
 :data:`DIRECT_BODY_BYTES` are read this way.

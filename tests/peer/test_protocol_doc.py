@@ -5,6 +5,8 @@ against a live peer."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import re
 import shutil
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from peer.node.membership import check_address
 from peer.protocol import auth
 from peer.protocol.codecs import receiving_codecs
-from peer.protocol.errors import ERROR_CLASSES
+from peer.protocol.errors import ERROR_CLASSES, ProtocolError
 from peer.protocol.wire import PROTOCOL_VERSION, SENDER_ID_PATTERN
 from peer.transport.server import build_app
 
@@ -230,3 +232,56 @@ async def test_the_status_schema_and_example_list_exactly_the_served_fields() ->
     assert found is not None
     example = json.loads(found[1])
     assert set(example) == set(status)
+
+
+def _hmac_hex(text: str) -> str:
+    return hmac.new(SECRET, text.encode(), hashlib.sha256).hexdigest()
+
+
+@pytest.mark.parametrize("receiver", ["callee", "peer-7.a_b", "x" * 64])
+def test_the_openapi_security_scheme_is_what_auth_signs(receiver: str) -> None:
+    """peer/openapi.yaml's security scheme states version 2 as ``peer.protocol.auth``
+    implements it: its header patterns match the headers auth.py builds (and refuse
+    version 1's), and its signed texts and tag keys, MACed, give auth.py's signatures."""
+    scheme = openapi()["components"]["securitySchemes"]["swarmHmac"]
+    digest_pattern = re.compile(scheme["x-header-pattern"])
+    stream_pattern = re.compile(scheme["x-stream-header-pattern"])
+    timestamp, nonce, body = auth.now_ms(), "0123456789abcdef" * 2, b'{"id": "a"}'
+    common = {"receiver": receiver, "timestamp": timestamp, "nonce": nonce}
+    digest_header = auth.sign_request(SECRET, "POST", "/v1/join", body, **common)
+    stream_header = auth.sign_stream_request(SECRET, "POST", "/v1/exchange", 1234, **common)
+    digest_auth, stream_auth = digest_header["Authorization"], stream_header["Authorization"]
+    assert digest_pattern.fullmatch(digest_auth) and not stream_pattern.fullmatch(digest_auth)
+    assert stream_pattern.fullmatch(stream_auth) and not digest_pattern.fullmatch(stream_auth)
+    values = {
+        "version": PROTOCOL_VERSION,
+        "receiver": receiver,
+        "timestamp": timestamp,
+        "nonce": nonce,
+    }
+    signed_text = scheme["x-signed-text"].format(
+        **values, method="POST", path="/v1/join", body_sha256=hashlib.sha256(body).hexdigest()
+    )
+    assert digest_auth.endswith(f",signature={_hmac_hex(signed_text)}")
+    stream_text = scheme["x-stream-signed-text"].format(
+        **values, method="POST", path="/v1/exchange", content_length=1234
+    )
+    assert stream_auth.endswith(f",signature={_hmac_hex(stream_text)}")
+    response_text = scheme["x-response-signed-text"].format(
+        status=200, nonce=nonce, body_sha256=hashlib.sha256(body).hexdigest()
+    )
+    response = auth.sign_response(SECRET, 200, nonce, body)
+    assert response[auth.RESPONSE_SIGNATURE_HEADER] == _hmac_hex(response_text)
+    request_key = scheme["x-request-tag-key"].format(nonce=nonce)
+    response_key = scheme["x-response-tag-key"].format(status=200, nonce=nonce)
+    assert auth.body_key(SECRET, nonce, "request").hex() == _hmac_hex(request_key)
+    assert auth.body_key(SECRET, nonce, "response", 200).hex() == _hmac_hex(response_key)
+    assert scheme["x-tag-bytes"] == auth.TAG_BYTES
+    for name in (auth.SCHEME, auth.STREAM_SCHEME):
+        form = f"{name} v={PROTOCOL_VERSION},to=<receiver id>,timestamp=<unix ms>,nonce=<32 hex>"
+        assert form in scheme["description"]
+    version_1 = f"{auth.SCHEME} timestamp={timestamp // 1000},nonce={nonce},signature={'a' * 64}"
+    for refused in (version_1, digest_auth.replace(f"to={receiver}", "to=a b")):
+        with pytest.raises(ProtocolError):
+            auth.parse_authorization(refused)
+        assert not digest_pattern.fullmatch(refused)

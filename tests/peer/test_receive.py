@@ -538,16 +538,18 @@ async def test_a_body_trickling_past_the_deadline_is_408_and_leaves_the_model() 
 
 
 async def test_a_bin_claiming_more_than_the_body_holds_is_refused_unread() -> None:
-    """The bin's length prefix names more bytes than the body has left: ``400`` before
-    a tensor byte is read into the arena, and the model as it was."""
+    """The bin's length prefix names more bytes than the body has left: ``400`` once the
+    body's tag verifies (authentic, refused for its form), no tensor byte read into the
+    arena, and the model as it was."""
     async with callee() as served:
         before = served.digest()
         request = exchange_request(caller_vector(2 * WIDTH + 2))
-        body = bytearray(request.body)
+        body = bytearray(request.body[: -auth.TAG_BYTES])
         at = request.bin_at + 1
-        body[at : at + 4] = (len(body)).to_bytes(4, "big")
+        body[at : at + 4] = (len(request.body)).to_bytes(4, "big")
+        body += poly1305_tag(auth.body_key(SECRET, request.nonce, "request"), bytes(body))
         async with connected(served.address) as (reader, writer):
-            await send_pieces(writer, [request.head, bytes(body[: request.data_at])])
+            await send_pieces(writer, [request.head, bytes(body)])
             answer = await read_answer(reader)
         assert answer.status == 400, answer
         assert json.loads(answer.body)["error"] == "malformed_body"

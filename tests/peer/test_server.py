@@ -65,6 +65,9 @@ async def served_peer(
     config = PeerConfig(peer_id=peer_id, **overrides)
     peer = Peer(make_model(seed, width), sgd, torch.nn.functional.cross_entropy, [], config)
     await peer.start()
+    # a peer refuses requests signed at or before the millisecond it started (replays
+    # across a restart): let that millisecond pass before a test signs its first request
+    await asyncio.sleep(0.002)
     try:
         runner = make_runner(peer, limits)
         await runner.setup()
