@@ -118,15 +118,15 @@ class ServerLimits:
 
     @classmethod
     def of(cls, service: Any) -> ServerLimits:
-        """The limits a service asks for: ``max_concurrent_exchanges`` (required), and
-        ``max_connections``, ``max_unauthenticated_bytes``, ``body_timeout_s``,
-        ``idle_timeout_s`` where it has them (``None`` or absent: the default)."""
+        """The limits a service (``peer.transport.service.Service``) asks for:
+        ``max_concurrent_exchanges``, and ``max_connections``, ``max_unauthenticated_bytes``,
+        ``body_timeout_s``, ``idle_timeout_s`` (``None``: the default)."""
         slots = service.max_concurrent_exchanges
         chosen = {
-            "max_connections": getattr(service, "max_connections", None),
-            "max_unauthenticated_bytes": getattr(service, "max_unauthenticated_bytes", None),
-            "body_timeout_s": getattr(service, "body_timeout_s", None),
-            "idle_timeout_s": getattr(service, "idle_timeout_s", None),
+            "max_connections": service.max_connections,
+            "max_unauthenticated_bytes": service.max_unauthenticated_bytes,
+            "body_timeout_s": service.body_timeout_s,
+            "idle_timeout_s": service.idle_timeout_s,
         }
         given = {name: value for name, value in chosen.items() if value is not None}
         given.setdefault(

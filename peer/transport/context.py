@@ -43,10 +43,10 @@ class ServerContext:
             budget=ByteBudget(limits.max_unauthenticated_bytes),
             arenas=ArenaPool(
                 limits.max_concurrent_exchanges,
-                pin=bool(getattr(service, "pin_buffers", False)),
+                pin=service.pin_buffers,
             ),
             reads=DirectReads(direct=direct_reads),
-            share=getattr(service, "serving_share", None),
+            share=service.serving_share,
         )
 
     @property

@@ -150,7 +150,7 @@ class Exchange:
             self.budget_bytes = need
         else:
             self._take_slot()
-            if length is not None and not getattr(service, "retains_messages", True):
+            if length is not None and not service.retains_messages:
                 self.arena = ctx.arenas.take(length)
 
     def _take_slot(self) -> None:

@@ -18,6 +18,7 @@ from peer.transport.admission import (
     DEFAULT_BODY_TIMEOUT_S,
     ByteBudget,
     ServerLimits,
+    ServingShare,
     Slots,
 )
 
@@ -70,13 +71,9 @@ class ServerMetrics(Protocol):
 
 
 class Service(Protocol):
-    """What the server needs from a peer (``peer.node.peer.Peer`` implements it).
-
-    Read where present (:meth:`peer.transport.admission.ServerLimits.of` and below):
-    ``body_timeout_s``, ``max_connections``, ``max_unauthenticated_bytes``,
-    ``idle_timeout_s``, ``retains_messages`` (received messages outlive their request:
-    no reused receive buffers), ``pin_buffers`` (page-locked receive buffers) and
-    ``serving_share`` (a :class:`peer.transport.admission.ServingShare`).
+    """What the server needs from a peer (``peer.node.handlers.ServerHandlers`` implements
+    it; ``peer.node.peer.Peer`` too, by delegation). Every member is read; a limit that is
+    ``None`` takes the server's default (:meth:`peer.transport.admission.ServerLimits.of`).
     """
 
     peer_id: str
@@ -87,6 +84,41 @@ class Service(Protocol):
     codecs: dict[str, Codec]
     verifier: RequestVerifier | None
     secret: bytes | None
+
+    @property
+    def body_timeout_s(self) -> float | None:
+        """How long a request body may take to arrive."""
+        ...
+
+    @property
+    def max_connections(self) -> int | None:
+        """Connections served at once."""
+        ...
+
+    @property
+    def max_unauthenticated_bytes(self) -> int | None:
+        """Bytes read before their signature can be checked, all requests together."""
+        ...
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        """How long an idle or half-sent head may hold its connection."""
+        ...
+
+    @property
+    def retains_messages(self) -> bool:
+        """Received messages outlive their request (no reused receive buffers)."""
+        ...
+
+    @property
+    def pin_buffers(self) -> bool:
+        """Receive buffers are page-locked (a peer training on a GPU)."""
+        ...
+
+    @property
+    def serving_share(self) -> ServingShare | None:
+        """The share of its time a training peer serves; ``None``: no bound."""
+        ...
 
     @property
     def metrics(self) -> ServerMetrics: ...
