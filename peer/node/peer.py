@@ -61,7 +61,7 @@ from peer.node.membership import check_address
 from peer.node.modes import build_mode
 from peer.node.recipe import ModelRecipe
 from peer.node.trainer import Batch, Evaluation, OptimizerFactory, Trainer
-from peer.protocol.auth import server_ssl_context
+from peer.protocol.tls import server_ssl_context
 from peer.protocol.wire import Envelope
 from peer.transport.client import PeerClient
 from peer.transport.server import Listening, listen
