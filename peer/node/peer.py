@@ -95,9 +95,9 @@ class Peer:
         train_data: an iterable of ``(inputs, targets)`` batches, re-iterated forever
             (a ``DataLoader`` reshuffles each pass).
         config: a :class:`~peer.node.config.PeerConfig`.
-        recipe: how ``workloads`` rebuilds ``model`` (:class:`peer.app.export.ModelRecipe`);
+        recipe: how ``workloads`` rebuilds ``model`` (:class:`peer.node.recipe.ModelRecipe`);
             recorded in every checkpoint, so ``gossipnet export`` and
-            ``peer.app.export.load_model`` can turn a checkpoint into a model. Optional: a
+            ``peer.node.model_file.load_model`` can turn a checkpoint into a model. Optional: a
             peer without one still checkpoints and resumes.
 
     A ``Peer`` is a ``peer.transport.server.Service`` itself (its server is given its
