@@ -12,7 +12,7 @@ The distribution is split into layered packages (see ``docs/architecture.md``):
 This package is only the front door: the ``gossipnet`` command, the version,
 :func:`load_model` (a model written by ``gossipnet peer --save-model``, ``launch
 --save-model`` or ``gossipnet export``, rebuilt as a ready ``nn.Module``; it is
-``peer.app.export.load_model``) and :class:`BackgroundPeer` (``peer.node.background``: gossip
+``peer.node.model_file.load_model``) and :class:`BackgroundPeer` (``peer.node.background``: gossip
 from an ordinary synchronous training loop), each imported on first use so that
 ``import gossipnet`` stays light.
 
@@ -27,7 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from peer.app.export import load_model as load_model
+    from peer.node.model_file import load_model as load_model
 
 try:
     __version__ = version("gossipnet")
@@ -38,10 +38,10 @@ __all__ = ["BackgroundPeer", "__version__", "load_model"]
 
 
 def __getattr__(name: str) -> Any:
-    """``gossipnet.load_model`` (from ``peer.app.export``) and ``gossipnet.BackgroundPeer``
+    """``gossipnet.load_model`` (from ``peer.node.model_file``) and ``gossipnet.BackgroundPeer``
     (from ``peer.node.background``), imported when first asked for."""
     if name == "load_model":
-        from peer.app.export import load_model
+        from peer.node.model_file import load_model
 
         return load_model
     if name == "BackgroundPeer":

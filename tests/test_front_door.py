@@ -87,8 +87,10 @@ def test_import_gossipnet_is_light_and_load_model_comes_on_first_use() -> None:
     code = (
         "import sys, gossipnet\n"
         "light = 'torch' not in sys.modules\n"
-        "from peer.app.export import load_model\n"
-        "print(light, gossipnet.load_model is load_model, 'load_model' in gossipnet.__all__)\n"
+        "from peer.node.model_file import load_model\n"
+        "from peer.app import export\n"
+        "print(light, gossipnet.load_model is load_model is export.load_model,\n"
+        "      'load_model' in gossipnet.__all__)\n"
     )
     result = run(sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr

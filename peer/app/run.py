@@ -28,10 +28,11 @@ from typing import Any
 
 import torch
 
-from peer.app.export import ModelRecipe, save_model, sidecar_path
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.logbook import Logbook
+from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
+from peer.node.recipe import ModelRecipe
 from workloads import Dataset, build_model, load_dataset, partition, peer_batches
 
 

@@ -69,7 +69,7 @@ def fetch_status(url: str, *, timeout_s: float, cafile: str | None) -> dict[str,
     """GET the status JSON; ``ConnectionError`` with the reason if that fails."""
     context = None
     if url.startswith("https:"):
-        from peer.protocol.auth import client_ssl_context
+        from peer.protocol.tls import client_ssl_context
 
         context = client_ssl_context(cafile=cafile)
     try:

@@ -39,8 +39,10 @@ from peer.node.metrics import PeerMetrics
 from peer.node.model_lock import ModelLock
 from peer.node.topology import TopologyNeighbours
 from peer.node.trainer import Trainer
-from peer.protocol.auth import RequestVerifier, client_ssl_context, load_secret, warn_open_swarm
 from peer.protocol.codecs import Codec, build_codec, receiving_codecs
+from peer.protocol.signatures import RequestVerifier
+from peer.protocol.swarm_secret import load_secret, warn_open_swarm
+from peer.protocol.tls import client_ssl_context
 from peer.protocol.wire import Envelope, ModelSpec, max_body_bytes
 from peer.transport.client import PeerClient
 
@@ -74,7 +76,7 @@ class PeerContext:
     secret: bytes | None
     verifier: RequestVerifier | None
     """Checks requests signed for this peer; it refuses every request signed before it was
-    made (a restart's replay protection, ``peer.protocol.auth.RequestVerifier``)."""
+    made (a restart's replay protection, ``peer.protocol.signatures.RequestVerifier``)."""
     metrics: PeerMetrics
     health: ExchangeHealth
     membership: Membership

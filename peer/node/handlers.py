@@ -26,9 +26,9 @@ from peer.node.context import PeerContext
 from peer.node.membership import check_address
 from peer.node.metrics import PeerMetrics
 from peer.node.modes import ExchangeMode
-from peer.protocol.auth import RequestVerifier
 from peer.protocol.codecs import Codec, DenseCodec
 from peer.protocol.errors import InvalidSender, MalformedBody, UnknownPeer
+from peer.protocol.signatures import RequestVerifier
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_sender
 from peer.transport.admission import ServingShare

@@ -61,7 +61,7 @@ from peer.node.membership import check_address
 from peer.node.modes import build_mode
 from peer.node.recipe import ModelRecipe
 from peer.node.trainer import Batch, Evaluation, OptimizerFactory, Trainer
-from peer.protocol.auth import server_ssl_context
+from peer.protocol.tls import server_ssl_context
 from peer.protocol.wire import Envelope
 from peer.transport.client import PeerClient
 from peer.transport.server import Listening, listen
@@ -95,9 +95,9 @@ class Peer:
         train_data: an iterable of ``(inputs, targets)`` batches, re-iterated forever
             (a ``DataLoader`` reshuffles each pass).
         config: a :class:`~peer.node.config.PeerConfig`.
-        recipe: how ``workloads`` rebuilds ``model`` (:class:`peer.app.export.ModelRecipe`);
+        recipe: how ``workloads`` rebuilds ``model`` (:class:`peer.node.recipe.ModelRecipe`);
             recorded in every checkpoint, so ``gossipnet export`` and
-            ``peer.app.export.load_model`` can turn a checkpoint into a model. Optional: a
+            ``peer.node.model_file.load_model`` can turn a checkpoint into a model. Optional: a
             peer without one still checkpoints and resumes.
 
     A ``Peer`` is a ``peer.transport.server.Service`` itself (its server is given its

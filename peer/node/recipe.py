@@ -1,6 +1,6 @@
 """What rebuilds a peer's ``nn.Module``: :class:`ModelRecipe` (the model spec, input shape,
 classes and seed), recorded in every checkpoint (metadata key :data:`RECIPE_KEY`) and beside
-every exported model, so a file can be turned back into a module (``peer.app.export``)."""
+every exported model, so a file can be turned back into a module (``peer.node.model_file``)."""
 
 from __future__ import annotations
 

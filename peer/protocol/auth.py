@@ -1,504 +1,69 @@
-"""Swarm authentication: HMAC-SHA256 request and response signatures, and TLS contexts.
+"""Swarm authentication in one import: the names of the modules that each do one job of it.
 
-Every peer of a swarm shares one secret. A request carries (protocol version 2)::
+* :mod:`peer.protocol.signatures`: request and response signatures (digest-signed and
+  stream-signed requests, Poly1305 body tags, signed responses) and their verification
+  (:class:`RequestVerifier`); the wire form of the headers is described there.
+* :mod:`peer.protocol.replay_cache`: :class:`NonceCache`, the bounded memory of accepted nonces.
+* :mod:`peer.protocol.swarm_secret`: :func:`load_secret` and the open-swarm warning.
+* :mod:`peer.protocol.tls`: the TLS contexts of a listening and a calling peer.
 
-    Authorization: gossipnet-hmac-sha256 v=2,to=<receiver id>,timestamp=<unix ms>,nonce=<32 hex>,signature=<64 hex>
-
-where ``signature = HMAC-SHA256(secret, signed text)`` (RFC 2104 HMAC over a canonical
-request, in the manner of AWS SigV4) and the signed text is the eight lines::
-
-    gossipnet-hmac-sha256 \n 2 \n <receiver id> \n METHOD \n PATH \n timestamp \n nonce \n hex(SHA-256(body))
-
-The signed text names the protocol version and the *receiving* peer: a request captured on
-its way to one peer is refused by every other peer of the swarm (``401 unauthorized``, "signed
-for another peer"), and a peer of another version refuses it as ``unsupported_version``
-instead of as a bad signature. The receiver recomputes the MAC, compares in constant time,
-refuses timestamps outside a clock window, timestamps from before it started (so a request
-signed before a restart is never accepted again: the nonce cache is in memory and would not
-remember it), and nonces it has already seen (a bounded cache; see :class:`NonceCache`),
-and only then reads the body. Timestamps are Unix milliseconds, so "before it started" is
-exact to the millisecond; a caller whose clock lags the receiver's by L ms is refused for the
-first L ms after the receiver starts, and no longer. Responses are signed too, bound to the
-request's nonce, so a neighbour's answer cannot be forged or replayed::
-
-    X-Gossipnet-Signature: <hex HMAC-SHA256(secret, "response\n" + status + "\n" + nonce + "\n" + hex(SHA-256(body)))>
-
-Streamed bodies (``/v1/exchange`` and ``/v1/state``, the model-sized ones) are signed
-without a pass over the body before its first byte leaves: the header names the stream
-scheme and signs the request line and the body's length instead of its digest::
-
-    Authorization: gossipnet-stream-poly1305 v=2,to=<receiver id>,timestamp=<unix ms>,nonce=<32 hex>,signature=<64 hex>
-
-    signature = HMAC-SHA256(secret, "gossipnet-stream-poly1305\n" 2 "\n" receiver "\n" METHOD "\n" PATH "\n" timestamp "\n" nonce "\n" length)
-
-and the body's last 16 bytes are a Poly1305 tag (RFC 8439) of everything before them, under
-a one-time key ``HMAC-SHA256(secret, "body\nrequest\n" nonce)``; the answer to such a
-request ends with the tag under ``HMAC-SHA256(secret, "body\nresponse\n" status "\n"
-nonce)``. Both sides compute the tag as the bytes stream (Poly1305 runs at several GB/s),
-and the receiver checks the header (version, receiver, signature, clock window, nonce)
-*before* it reads the body and the tag before anything is applied. Nonces never repeat
-within the window, so no Poly1305 key is used twice.
-
-Without a secret the swarm is open: :func:`load_secret` returns ``None`` and the
-peer warns loudly (:func:`warn_open_swarm`).
+Every name below is the same object as in the module that owns it; new code imports from
+that module.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import logging
-import os
-import re
-import secrets
-import ssl
-import time
-import warnings
-from collections import OrderedDict
-from collections.abc import Mapping
-from pathlib import Path
-
-from peer.protocol.errors import Unauthorized, UnsupportedVersion
-from peer.protocol.wire import PROTOCOL_VERSION, SENDER_ID_PATTERN, SUPPORTED_VERSIONS
-
-SCHEME = "gossipnet-hmac-sha256"
-STREAM_SCHEME = "gossipnet-stream-poly1305"
-TAG_BYTES = 16
-"""Length of the Poly1305 tag that ends a stream-signed body."""
-RESPONSE_SIGNATURE_HEADER = "X-Gossipnet-Signature"
-SECRET_ENV = "GOSSIPNET_SECRET"
-MIN_SECRET_BYTES = 16
-
-_FIELDS = (
-    r"v=(?P<version>[0-9]{1,6}),"
-    rf"to=(?P<to>{SENDER_ID_PATTERN.pattern}),"
-    r"timestamp=(?P<timestamp>[0-9]{1,16}),"
-    r"nonce=(?P<nonce>[0-9a-f]{32}),signature=(?P<signature>[0-9a-f]{64})"
+from peer.protocol.replay_cache import NonceCache
+from peer.protocol.signatures import (
+    RESPONSE_SIGNATURE_HEADER,
+    SCHEME,
+    STREAM_SCHEME,
+    TAG_BYTES,
+    RequestVerifier,
+    body_digest,
+    body_key,
+    is_streamed,
+    now_ms,
+    parse_authorization,
+    request_nonce,
+    sign_request,
+    sign_response,
+    sign_response_digest,
+    sign_stream_request,
+    verify_response,
 )
-_AUTH_PATTERN = re.compile(rf"{SCHEME} {_FIELDS}")
-_STREAM_PATTERN = re.compile(rf"{STREAM_SCHEME} {_FIELDS}")
-_VERSION_1_PATTERN = re.compile(
-    rf"(?:{SCHEME}|{STREAM_SCHEME}) timestamp=[0-9]{{1,12}},nonce=[0-9a-f]{{32}},signature=[0-9a-f]{{64}}"
+from peer.protocol.swarm_secret import (
+    MIN_SECRET_BYTES,
+    SECRET_ENV,
+    OpenSwarmWarning,
+    load_secret,
+    warn_open_swarm,
 )
-"""Protocol version 1's header (no ``v``, no receiver, seconds): refused as a version."""
-_FORM = (
-    f"'{SCHEME} (or {STREAM_SCHEME}) v={PROTOCOL_VERSION},to=<receiver id>,"
-    "timestamp=<unix ms>,nonce=<32 hex>,signature=<64 hex>'"
-)
-
-logger = logging.getLogger(__name__)
-
-
-class OpenSwarmWarning(UserWarning):
-    """Issued when a peer runs without a swarm secret: anyone can join and send updates."""
-
-
-def load_secret(
-    secret_file: str | os.PathLike[str] | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-) -> bytes | None:
-    """The swarm secret from ``secret_file`` or else the ``GOSSIPNET_SECRET`` variable.
-
-    A file's content is used verbatim except for one trailing newline. Returns
-    ``None`` when neither is set. Raises ``ValueError`` (naming the source) for a
-    secret shorter than 16 bytes, and ``FileNotFoundError`` for a missing file.
-    """
-    env = os.environ if environ is None else environ
-    if secret_file is not None:
-        raw = Path(secret_file).read_bytes()
-        secret = raw[:-1] if raw.endswith(b"\n") else raw
-        secret = secret[:-1] if secret.endswith(b"\r") else secret
-        source = f"secret file {secret_file}"
-    elif env.get(SECRET_ENV):
-        secret = env[SECRET_ENV].encode()
-        source = f"environment variable {SECRET_ENV}"
-    else:
-        return None
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(
-            f"{source}: the swarm secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}"
-        )
-    return secret
-
-
-def warn_open_swarm(peer_id: str) -> None:
-    """Warn, through both ``warnings`` and ``logging``, that a peer runs unauthenticated."""
-    message = (
-        f"peer {peer_id}: NO SWARM SECRET — the swarm is OPEN: anyone who can reach this "
-        f"port can read the model and push updates into it. Set --secret-file FILE or "
-        f"{SECRET_ENV} on every peer."
-    )
-    logger.warning(message)
-    warnings.warn(message, OpenSwarmWarning, stacklevel=2)
-
-
-def body_digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
-
-
-def now_ms() -> int:
-    """The Unix time in milliseconds (what a signature's ``timestamp`` holds)."""
-    return time.time_ns() // 1_000_000
-
-
-def _signed_text(
-    scheme: str, receiver: str, method: str, path: str, timestamp: int, nonce: str, last: str
-) -> bytes:
-    """The text a request signature MACs: scheme, version, receiver, request line, time,
-    nonce and the body's digest (``SCHEME``) or length (``STREAM_SCHEME``), one per line."""
-    return (
-        f"{scheme}\n{PROTOCOL_VERSION}\n{receiver}\n{method.upper()}\n{path}\n"
-        f"{timestamp}\n{nonce}\n{last}"
-    ).encode()
-
-
-def _mac(secret: bytes, message: bytes) -> str:
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def _check_receiver(receiver: object) -> str:
-    if not isinstance(receiver, str) or SENDER_ID_PATTERN.fullmatch(receiver) is None:
-        raise ValueError(
-            f"receiver must be a peer id matching {SENDER_ID_PATTERN.pattern}, got {receiver!r:.80}"
-        )
-    return receiver
-
-
-def _header(scheme: str, receiver: str, timestamp: int, nonce: str, signature: str) -> str:
-    return (
-        f"{scheme} v={PROTOCOL_VERSION},to={receiver},timestamp={timestamp},"
-        f"nonce={nonce},signature={signature}"
-    )
-
-
-def sign_request(
-    secret: bytes,
-    method: str,
-    path: str,
-    body: bytes,
-    *,
-    receiver: str,
-    timestamp: int | None = None,
-    nonce: str | None = None,
-) -> dict[str, str]:
-    """Headers that authenticate one request to the peer ``receiver``: ``{"Authorization": ...}``.
-
-    ``timestamp`` (Unix ms) defaults to now and ``nonce`` to 16 fresh random bytes in hex.
-    Only the peer whose id is ``receiver`` accepts it (``ValueError`` for an id that is not
-    one).
-    """
-    _check_receiver(receiver)
-    timestamp = now_ms() if timestamp is None else timestamp
-    nonce = secrets.token_hex(16) if nonce is None else nonce
-    text = _signed_text(SCHEME, receiver, method, path, timestamp, nonce, body_digest(body))
-    return {"Authorization": _header(SCHEME, receiver, timestamp, nonce, _mac(secret, text))}
-
-
-def sign_stream_request(
-    secret: bytes,
-    method: str,
-    path: str,
-    length: int,
-    *,
-    receiver: str,
-    timestamp: int | None = None,
-    nonce: str | None = None,
-) -> dict[str, str]:
-    """Headers of a stream-signed request to ``receiver`` whose body has ``length`` bytes, tag
-    included (the body then ends with the Poly1305 tag under
-    :func:`body_key` ``(secret, nonce, "request")``)."""
-    _check_receiver(receiver)
-    timestamp = now_ms() if timestamp is None else timestamp
-    nonce = secrets.token_hex(16) if nonce is None else nonce
-    text = _signed_text(STREAM_SCHEME, receiver, method, path, timestamp, nonce, str(length))
-    return {"Authorization": _header(STREAM_SCHEME, receiver, timestamp, nonce, _mac(secret, text))}
-
-
-def body_key(secret: bytes, nonce: str, direction: str, status: int | None = None) -> bytes:
-    """The one-time Poly1305 key of a stream-signed body: the request's or, with its
-    ``status``, the response's."""
-    if direction == "request":
-        label = f"body\nrequest\n{nonce}"
-    elif direction == "response" and status is not None:
-        label = f"body\nresponse\n{status}\n{nonce}"
-    else:
-        raise ValueError(
-            f"direction must be 'request' or 'response' (with a status), got {direction!r}"
-        )
-    return hmac.new(secret, label.encode(), hashlib.sha256).digest()
-
-
-def is_streamed(headers: Mapping[str, str]) -> bool:
-    """Whether a request is stream-signed (its body, and its answer's, end with a tag)."""
-    return headers.get("Authorization", "").startswith(STREAM_SCHEME + " ")
-
-
-def parse_authorization(header: str | None) -> re.Match[str]:
-    """The fields of a version-2 ``Authorization`` header (either scheme).
-
-    Raises :class:`~peer.protocol.errors.UnsupportedVersion` for a header of another protocol version
-    (version 1's has no ``v`` field), :class:`~peer.protocol.errors.Unauthorized` for a missing or
-    malformed one. Checks the form only, not the signature.
-    """
-    if not header:
-        raise Unauthorized(f"request is not signed: send 'Authorization: {SCHEME} ...'")
-    pattern = _STREAM_PATTERN if header.startswith(STREAM_SCHEME + " ") else _AUTH_PATTERN
-    match = pattern.fullmatch(header)
-    if match is None:
-        if _VERSION_1_PATTERN.fullmatch(header):
-            raise UnsupportedVersion(
-                "the request is signed in protocol version 1's form; this peer speaks version "
-                f"{PROTOCOL_VERSION} (Authorization: {_FORM})"
-            )
-        raise Unauthorized(f"Authorization must be {_FORM}")
-    if int(match["version"]) not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersion(
-            f"the request is signed for protocol version {int(match['version'])}; this peer "
-            f"speaks version {PROTOCOL_VERSION}"
-        )
-    return match
-
-
-def request_nonce(headers: Mapping[str, str]) -> str:
-    """The nonce of a signed request's ``Authorization`` header (to bind the response)."""
-    return parse_authorization(headers.get("Authorization"))["nonce"]
-
-
-def sign_response(secret: bytes, status: int, nonce: str, body: bytes) -> dict[str, str]:
-    """The header that authenticates a response to the request carrying ``nonce``."""
-    return sign_response_digest(secret, status, nonce, body_digest(body))
-
-
-def sign_response_digest(secret: bytes, status: int, nonce: str, digest: str) -> dict[str, str]:
-    """:func:`sign_response` for a body whose SHA-256 hex ``digest`` is already known."""
-    message = f"response\n{status}\n{nonce}\n{digest}".encode()
-    return {RESPONSE_SIGNATURE_HEADER: _mac(secret, message)}
-
-
-def verify_response(
-    secret: bytes, status: int, nonce: str, body: bytes, headers: Mapping[str, str]
-) -> None:
-    """Raise :class:`Unauthorized` unless the response is signed for our request's nonce."""
-    got = headers.get(RESPONSE_SIGNATURE_HEADER, "")
-    want = sign_response(secret, status, nonce, body)[RESPONSE_SIGNATURE_HEADER]
-    if not hmac.compare_digest(got.encode(errors="replace"), want.encode()):
-        raise Unauthorized("response signature missing or wrong")
-
-
-class NonceCache:
-    """The nonces seen within the clock window, bounded to ``capacity`` entries.
-
-    Entries older than the window are dropped (their requests would be stale
-    anyway). If the cache is still full, the oldest entry is evicted and the
-    *floor* rises to its timestamp: from then on every request at or below the
-    floor is refused as stale, so an evicted nonce can never be replayed.
-    Memory stays bounded; under a flood the effective window shrinks instead.
-    """
-
-    def __init__(self, capacity: int = 65536) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self.floor = -1
-        self._seen: OrderedDict[str, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def __contains__(self, nonce: object) -> bool:
-        return nonce in self._seen
-
-    def add(self, nonce: str, timestamp: int, *, oldest_valid: int) -> None:
-        """Remember ``nonce``; drop entries whose timestamp is below ``oldest_valid``."""
-        while self._seen:
-            first_nonce, first_ts = next(iter(self._seen.items()))
-            if first_ts >= oldest_valid and len(self._seen) < self.capacity:
-                break
-            del self._seen[first_nonce]
-            if first_ts >= oldest_valid:
-                self.floor = max(self.floor, first_ts)
-        self._seen[nonce] = timestamp
-
-
-class RequestVerifier:
-    """Checks the signatures of requests to the peer ``peer_id``: right version and receiver,
-    right MAC, fresh timestamp, unseen nonce.
-
-    ``clock_window_s`` bounds |now - timestamp| (peers' clocks must agree to that). Nonces
-    are cached for the window (:class:`NonceCache`), so a replay within the window is
-    refused, and one after it is stale. The cache lives in memory, so a restarted peer
-    would not remember the nonces its previous run accepted; instead every request signed
-    at or before ``started_ms`` (the verifier's creation, in Unix ms, by default) is refused:
-    a request captured before a restart is refused after it, whatever the window. The cost:
-    a legitimate caller whose clock lags ours by L ms is refused for the first L ms after
-    this verifier is created (at most the clock window).
-
-    Raises ``ValueError`` for a secret shorter than 16 bytes, a ``peer_id`` that is not a
-    peer id, or a window below 1 s.
-    """
-
-    def __init__(
-        self,
-        secret: bytes,
-        *,
-        peer_id: str,
-        clock_window_s: int = 60,
-        nonce_capacity: int = 65536,
-        started_ms: int | None = None,
-    ) -> None:
-        if len(secret) < MIN_SECRET_BYTES:
-            raise ValueError(f"secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
-        if not isinstance(peer_id, str) or SENDER_ID_PATTERN.fullmatch(peer_id) is None:
-            raise ValueError(
-                f"peer_id must match {SENDER_ID_PATTERN.pattern} (1-64 chars), got {peer_id!r:.80}"
-            )
-        if clock_window_s < 1:
-            raise ValueError(f"clock_window_s must be >= 1, got {clock_window_s}")
-        self._secret = secret
-        self.peer_id = peer_id
-        self.clock_window_s = clock_window_s
-        self.started_ms = now_ms() if started_ms is None else started_ms
-        self.nonces = NonceCache(nonce_capacity)
-
-    def verify(
-        self,
-        method: str,
-        path: str,
-        headers: Mapping[str, str],
-        body: bytes,
-        *,
-        now: int | None = None,
-    ) -> str:
-        """Return the request's nonce if it is authentic, fresh and new; else raise
-        :class:`Unauthorized` (or :class:`UnsupportedVersion`).
-
-        A digest-signed request (:data:`SCHEME`), its whole ``body`` read. ``now``: the time
-        in Unix ms (default: the clock).
-        """
-        match = self.check_form(headers, now=now)
-        if match.re is not _AUTH_PATTERN:
-            raise Unauthorized(f"this request must be signed with {SCHEME}, not {STREAM_SCHEME}")
-        return self.verify_digest(method, path, headers, body_digest(body), now=now)
-
-    def check_form(self, headers: Mapping[str, str], *, now: int | None = None) -> re.Match[str]:
-        """The parsed ``Authorization`` header (either scheme) if its form and version are
-        right, it names this peer as the receiver, and its timestamp is inside the clock
-        window and after this verifier's start; else :class:`Unauthorized` (or
-        :class:`UnsupportedVersion`). Cheap: run it before spending anything on the request."""
-        match = parse_authorization(headers.get("Authorization"))
-        if match["to"] != self.peer_id:
-            raise Unauthorized(
-                f"the request was signed for another peer ({match['to']!r}), "
-                f"not for this peer ({self.peer_id!r})"
-            )
-        self._fresh(int(match["timestamp"]), now)
-        return match
-
-    def verify_digest(
-        self,
-        method: str,
-        path: str,
-        headers: Mapping[str, str],
-        digest: str,
-        *,
-        now: int | None = None,
-    ) -> str:
-        """:meth:`verify` for a body whose SHA-256 hex ``digest`` the caller computed as it read."""
-        match = self.check_form(headers, now=now)
-        if match.re is not _AUTH_PATTERN:
-            raise Unauthorized(f"this request must be signed with {SCHEME}, not {STREAM_SCHEME}")
-        text = _signed_text(
-            SCHEME, self.peer_id, method, path, int(match["timestamp"]), match["nonce"], digest
-        )
-        return self._accept(match, text, now)
-
-    def verify_stream(
-        self,
-        method: str,
-        path: str,
-        headers: Mapping[str, str],
-        length: int,
-        *,
-        now: int | None = None,
-    ) -> str:
-        """The nonce of a stream-signed request (:data:`STREAM_SCHEME`) whose header is
-        authentic, fresh and new, checked before its body is read (``length``: its
-        Content-Length); the body's tag is checked as it is read (:func:`body_key`)."""
-        match = self.check_form(headers, now=now)
-        if match.re is not _STREAM_PATTERN:
-            raise Unauthorized(f"this request must be signed with {STREAM_SCHEME}")
-        text = _signed_text(
-            STREAM_SCHEME,
-            self.peer_id,
-            method,
-            path,
-            int(match["timestamp"]),
-            match["nonce"],
-            str(length),
-        )
-        return self._accept(match, text, now)
-
-    def body_key(self, nonce: str, direction: str, status: int | None = None) -> bytes:
-        """:func:`body_key` under this verifier's secret."""
-        return body_key(self._secret, nonce, direction, status)
-
-    def _fresh(self, timestamp: int, now: int | None) -> None:
-        current = now_ms() if now is None else now
-        window_ms = self.clock_window_s * 1000
-        if abs(current - timestamp) > window_ms:
-            raise Unauthorized(
-                f"stale request: timestamp {timestamp} ms is more than {self.clock_window_s} s "
-                f"from this peer's clock {current} ms"
-            )
-        if timestamp <= self.started_ms:
-            raise Unauthorized(
-                f"stale request: signed at {timestamp} ms, not after this peer started "
-                f"({self.started_ms} ms); requests from before a restart are never accepted, "
-                "resend"
-            )
-        if timestamp <= self.nonces.floor:
-            raise Unauthorized("stale request: older than the replay cache's floor, resend")
-
-    def _accept(self, match: re.Match[str], text: bytes, now: int | None) -> str:
-        timestamp, nonce = int(match["timestamp"]), match["nonce"]
-        want = _mac(self._secret, text)
-        if not hmac.compare_digest(match["signature"].encode(), want.encode()):
-            raise Unauthorized("signature does not match (wrong swarm secret or altered request)")
-        current = now_ms() if now is None else now
-        if nonce in self.nonces:
-            raise Unauthorized("replayed request: nonce already seen")
-        self.nonces.add(nonce, timestamp, oldest_valid=current - self.clock_window_s * 1000)
-        return nonce
-
-
-def server_ssl_context(
-    certfile: str | os.PathLike[str],
-    keyfile: str | os.PathLike[str],
-    *,
-    cafile: str | os.PathLike[str] | None = None,
-) -> ssl.SSLContext:
-    """TLS context for a listening peer; with ``cafile`` clients must present a cert it signed."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certfile, keyfile)
-    if cafile is not None:
-        context.load_verify_locations(cafile)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-def client_ssl_context(
-    *,
-    cafile: str | os.PathLike[str] | None = None,
-    certfile: str | os.PathLike[str] | None = None,
-    keyfile: str | os.PathLike[str] | None = None,
-) -> ssl.SSLContext:
-    """TLS context for calling peers: verify them against ``cafile`` (default: system CAs)."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if certfile is not None:
-        context.load_cert_chain(certfile, keyfile)
-    elif keyfile is not None:
-        raise ValueError("keyfile needs certfile (the client certificate)")
-    return context
+from peer.protocol.tls import client_ssl_context, server_ssl_context
+
+__all__ = [
+    "MIN_SECRET_BYTES",
+    "RESPONSE_SIGNATURE_HEADER",
+    "SCHEME",
+    "SECRET_ENV",
+    "STREAM_SCHEME",
+    "TAG_BYTES",
+    "NonceCache",
+    "OpenSwarmWarning",
+    "RequestVerifier",
+    "body_digest",
+    "body_key",
+    "client_ssl_context",
+    "is_streamed",
+    "load_secret",
+    "now_ms",
+    "parse_authorization",
+    "request_nonce",
+    "server_ssl_context",
+    "sign_request",
+    "sign_response",
+    "sign_response_digest",
+    "sign_stream_request",
+    "verify_response",
+    "warn_open_swarm",
+]

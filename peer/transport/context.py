@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from peer.protocol.auth import sign_response
 from peer.protocol.errors import Busy, ProtocolError
+from peer.protocol.signatures import sign_response
 from peer.transport.admission import ByteBudget, ServerLimits, ServingShare, Slots
 from peer.transport.body import ArenaPool
 from peer.transport.responses import error_response

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from peer.protocol.auth import SCHEME, STREAM_SCHEME, is_streamed
 from peer.protocol.errors import (
     BodyTooLarge,
     InternalError,
@@ -24,6 +23,7 @@ from peer.protocol.errors import (
     SlowBody,
     Unauthorized,
 )
+from peer.protocol.signatures import SCHEME, STREAM_SCHEME, is_streamed
 from peer.protocol.strict_json import expect_object, loads
 from peer.protocol.wire import PROTOCOL_VERSION
 from peer.transport.admission import MAX_JSON_BYTES, ByteAccount

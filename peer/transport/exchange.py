@@ -36,7 +36,6 @@ import torch
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from peer.protocol.auth import STREAM_SCHEME, body_digest, is_streamed
 from peer.protocol.errors import (
     BodyTooLarge,
     ExpectationFailed,
@@ -44,6 +43,7 @@ from peer.protocol.errors import (
     ProtocolError,
     SlowBody,
 )
+from peer.protocol.signatures import STREAM_SCHEME, body_digest, is_streamed
 from peer.protocol.source import BodySource, ChunkSource
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import Envelope, check_envelope

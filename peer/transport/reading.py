@@ -4,7 +4,7 @@
   (:func:`read_whole`: through its cap, charged to the unauthenticated byte budget as it
   arrives, under the body deadline), its SHA-256 checked against the signature, and only
   then parsed.
-* A stream-signed body (``peer.protocol.auth``: the header, verified before the body is read,
+* A stream-signed body (``peer.protocol.signatures``: the header, verified before the body is read,
   signs its length; the body's last 16 bytes are the Poly1305 tag of the rest) is parsed as
   it streams, through a :class:`TaggedBody`, which MACs every byte before the tag as it is
   handed over and keeps the tag out of the parser's sight. Whatever the parser makes of
@@ -25,8 +25,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader as HttpStream
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-from peer.protocol.auth import TAG_BYTES
 from peer.protocol.errors import BodyTooLarge, MalformedBody, MalformedRequest, Unauthorized
+from peer.protocol.signatures import TAG_BYTES
 from peer.protocol.source import BodySource, Landed
 from peer.transport.admission import ByteAccount
 

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import torch
 from aiohttp import web
 
-from peer.protocol.auth import RequestVerifier
 from peer.protocol.codecs import Codec
+from peer.protocol.signatures import RequestVerifier
 from peer.protocol.wire import Envelope, ModelSpec
 from peer.transport.admission import (
     DEFAULT_BODY_TIMEOUT_S,

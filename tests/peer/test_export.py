@@ -12,18 +12,15 @@ import pytest
 import torch
 from safetensors.torch import save as safetensors_save
 
-from peer.app.export import (
-    ExportError,
-    ModelRecipe,
-    average_models,
-    load_model,
-    main,
-    save_model,
-    sidecar_path,
-)
+from peer.app import export
+from peer.app.export import main
+from peer.app.model_average import average_models
 from peer.node import checkpoint
+from peer.node import model_file as model_file_module
 from peer.node.config import PeerConfig
+from peer.node.model_file import ExportError, load_model, save_model, sidecar_path
 from peer.node.peer import Peer
+from peer.node.recipe import RECIPE_KEY, ModelRecipe
 from workloads import MODELS, load_dataset, partition, peer_batches, register_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -411,3 +408,18 @@ def test_a_pickle_is_never_unpickled(tmp_path: Path) -> None:
     with pytest.raises(ExportError):
         load_model(checkpoint_file.parent)
     assert not marker.exists()
+
+
+def test_the_export_module_names_the_model_file_api_as_the_same_objects() -> None:
+    """``peer.app.export`` (the import path docs/models.md shows) names the model-file API
+    as the very objects of the modules that own it."""
+    owned = {
+        **{name: getattr(model_file_module, name) for name in model_file_module.__all__},
+        "ModelRecipe": ModelRecipe,
+        "RECIPE_KEY": RECIPE_KEY,
+        "average_models": average_models,
+        "main": main,
+    }
+    assert set(export.__all__) <= set(owned)
+    for name in export.__all__:
+        assert getattr(export, name) is owned[name], name
