@@ -109,6 +109,7 @@ from sim.algorithms import (
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
 from sim.paths import resolve_experiment_paths
+from spec_grammar import SpecError, parse_spec
 from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
@@ -185,10 +186,12 @@ LABEL_SETS = "label-sets"
 """The partition whose label sets ``workload.label_sets`` gives by group or peer."""
 
 
-def _partition_name(spec: str) -> tuple[str, str]:
-    """(name, parameters) of a partition spec string."""
-    name, _, rest = spec.strip().partition(":")
-    return name.strip(), rest.strip()
+def _partition_name(spec: str) -> tuple[str, dict[str, str]]:
+    """(name, parameters) of a partition spec string (:func:`spec_grammar.parse_spec`)."""
+    try:
+        return parse_spec(spec, "partition")
+    except SpecError as error:
+        raise _fail("workload.partition", str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -678,8 +681,8 @@ class ExperimentConfig:
                 labels = peer_label_sets(workload.label_sets, self.groups, workload.peers)
             else:
                 name, params = _partition_name(workload.partition)
-                if name == LABEL_SETS and params.startswith("sets="):
-                    labels = label_sets_from_spec(params[len("sets=") :], workload.peers)
+                if name == LABEL_SETS and "sets" in params:
+                    labels = label_sets_from_spec(params["sets"], workload.peers)
         except ValueError as error:
             message = str(error)
             raise (

@@ -27,8 +27,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from gossip.settings import SETTINGS
-
 __all__ = [
     "OneLineParser",
     "UsageError",
@@ -110,6 +108,8 @@ def add_setting_flags(group: Any) -> None:
     parser or an argument group): ``--consensus-step GAMMA``, its type and choices, and a
     help line with what it does, the allowed values, the default and who reads it. Each
     defaults to ``None``: the algorithm's own default."""
+    from gossip.settings import SETTINGS  # here: gossipnet status must not load torch
+
     for item in SETTINGS:
         group.add_argument(
             item.flag,
