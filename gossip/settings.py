@@ -12,7 +12,7 @@ its command-line flag (the name with dashes). Everything else is derived from th
 * the ``gossipnet peer`` and ``gossipnet launch`` flags and launch's pass-through to its
   peers (:func:`flag_arguments`);
 * the table in ``docs/settings.md`` (:func:`settings_markdown`; regenerate it with
-  ``python -m gossip.settings > docs/settings.md``).
+  ``python -m gossip.settings_doc > docs/settings.md``).
 
 Adding a setting is one :class:`Setting` in :data:`SETTINGS` plus its use in the rule
 (:func:`gossip.configuration.build_algorithm`).
@@ -281,12 +281,13 @@ def settings_markdown() -> str:
         "# Algorithm settings",
         "",
         "Generated from `gossip/settings.py` (`SETTINGS`) by "
-        "`python -m gossip.settings > docs/settings.md`; do not edit by hand.",
+        "`python -m gossip.settings_doc > docs/settings.md`; do not edit by hand.",
         "",
         "Each setting has the same name in an experiment file's `[algorithm]` table "
         "(`gossipnet sim`), in `PeerConfig` and `GossipConfig`, and a flag on "
         "`gossipnet peer` and `gossipnet launch`. A setting left unset takes the "
-        "algorithm's default; a setting the algorithm does not read is an error.",
+        "algorithm's default; a setting the algorithm does not read is an error, except "
+        "that an algorithm which always runs with one value (\"fixed by\") accepts that value.",
         "",
         "| setting | flag | type | default | allowed | read by | fixed by | what it does |",
         "|---|---|---|---|---|---|---|---|",
@@ -298,7 +299,3 @@ def settings_markdown() -> str:
             f"| {item.allowed} | {', '.join(item.readers)} | {fixed} | {item.help} |"
         )
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(settings_markdown(), end="")
