@@ -287,7 +287,7 @@ def settings_markdown() -> str:
         "(`gossipnet sim`), in `PeerConfig` and `GossipConfig`, and a flag on "
         "`gossipnet peer` and `gossipnet launch`. A setting left unset takes the "
         "algorithm's default; a setting the algorithm does not read is an error, except "
-        "that an algorithm which always runs with one value (\"fixed by\") accepts that value.",
+        'that an algorithm which always runs with one value ("fixed by") accepts that value.',
         "",
         "| setting | flag | type | default | allowed | read by | fixed by | what it does |",
         "|---|---|---|---|---|---|---|---|",
