@@ -114,7 +114,7 @@ def build_compressor(spec: str) -> Compressor:
 
 
 def describe_compressors() -> str:
-    """One line per codec with its parameters and defaults, for ``--compress`` help texts."""
+    """One line per codec with its parameters and defaults, for ``--compressor`` help texts."""
     lines = []
     for info in COMPRESSORS.values():
         params = ",".join(

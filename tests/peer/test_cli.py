@@ -170,6 +170,19 @@ def test_the_old_names_of_renamed_flags_are_refused_in_one_line(old: str) -> Non
     ]
 
 
+def test_the_serving_share_reaches_the_config_and_a_bad_one_is_named_by_its_flag() -> None:
+    from peer.app.cli import parse_peer_args
+    from peer.app.usage import UsageError
+
+    _, default = parse_peer_args(["--id", "a", *WORKLOAD])
+    assert default.max_serving_share == 0.5
+    _, config = parse_peer_args(["--id", "a", "--max-serving-share", "0.25", *WORKLOAD])
+    assert config.max_serving_share == 0.25
+    with pytest.raises(UsageError) as caught:
+        parse_peer_args(["--id", "a", "--max-serving-share", "0", *WORKLOAD], raise_errors=True)
+    assert str(caught.value) == "--max-serving-share: must be in (0, 1]; got 0.0"
+
+
 def test_a_bad_setting_is_named_by_its_flag() -> None:
     result = subprocess.run(
         gossipnet("--id", "a", "--algorithm", "choco", "--consensus-step", "2", *WORKLOAD),
