@@ -51,7 +51,7 @@ from typing import Any
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
-from peer.app.usage import OneLineParser, UsageError, add_setting_flags
+from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
 from peer.node.config import ALGORITHMS, MODES
 from peer.node.logbook import Logbook, LogbookError, check_log_dir
 from peer.node.topology import topology_names
@@ -240,14 +240,14 @@ def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParse
             except UsageError as error:
                 parser.error(f"--peer-args: {error}")
     if not args.topology and config.mode == "sync":
-        from gossip.settings import ConfigurationError, setting
+        from gossip.settings import ConfigurationError
 
         try:  # without a topology a sync peer mixes every other member: N models in all
             config.gossip.check_neighbourhood(
                 args.peers, where=f"--peers {args.peers} without --topology"
             )
         except ConfigurationError as error:
-            parser.error(error.render(lambda field: setting(field).flag))
+            parser.error(error.render(flag_namer(parser)))
     if args.device and args.device != "cpu":
         from peer.node.config import resolve_device
 
