@@ -150,11 +150,7 @@ class GossipConfig:
         pairwise = PairwiseGossip(
             consensus.build(self.aggregator), build_compressor(self.compressor)
         )
-        try:  # state per node that changing pairs cannot carry
-            pairwise.check_batchable()
-        except ValueError as error:
-            field, _, reason = str(error).partition(": ")
-            raise ConfigurationError(field, reason) from None
+        pairwise.check_batchable()  # state per node that changing pairs cannot carry
 
     @property
     def needs_topology(self) -> bool:
