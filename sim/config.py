@@ -49,10 +49,11 @@ A complete file (every key optional except where noted)::
     weights = "metropolis"         # mixing weights (default: metropolis, uniform if directed);
                                    # "max-degree", "lazy-metropolis" ((I + W_metropolis) / 2)
     schedule = "static"            # "one-peer-exponential", "random-matching", "random-k-out"
-    order = "combine-then-adapt"
+    order = "combine-then-adapt"   # the algorithm settings: docs/settings.md
     local_steps = 1
     aggregator = "mean"            # consensus rule spec
     compressor = "none"            # gossip compressor spec
+    consensus_step = 0.5           # choco
 
     [network]
     latency = 1e-4                 # seconds per message (alpha); or one value per peer [..]
