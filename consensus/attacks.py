@@ -485,7 +485,7 @@ ATTACKS: dict[str, Entry] = {
 
 def build_attack(spec: str) -> AttackBase:
     """Build an attack from a spec such as ``alie:f=2``, ``ipm:epsilon=0.5``, ``garbage:kind=inf``."""
-    if not isinstance(spec, str) or not spec.strip() or "+" in spec:
+    if isinstance(spec, str) and "+" in spec:
         raise ValueError(f"attack spec must be one NAME[:key=value,...], got {spec!r}")
     entry, kwargs = parse_component(spec, ATTACKS, "attack")
     attack: AttackBase = entry.factory(

@@ -11,6 +11,7 @@ from consensus.mean import WeightedMean
 from consensus.order_statistics import CoordinateWiseMedian, TrimmedMean
 from consensus.registry import Entry, Parameter, describe, parse_component
 from consensus.wrappers import Bucketing, NearestNeighbourMixing
+from spec_grammar import SpecError
 
 _N = Parameter("n", "int|none", None, "expected n (own + neighbours) to check the bound up front")
 _F = Parameter("f", "int", 1, "number of Byzantine neighbours tolerated")
@@ -94,9 +95,15 @@ def build(spec: str) -> Rule:
     (or 1). Raises ``ValueError`` naming the unknown name or parameter and
     listing the choices.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"aggregator spec must be a non-empty string such as 'mean', got {spec!r}")
-    parts = [parse_component(text, AGGREGATORS, "aggregator") for text in spec.split("+")]
+    if not isinstance(spec, str):
+        raise SpecError("aggregator", spec, "must be a string such as 'mean'")
+    try:
+        parts = [parse_component(text, AGGREGATORS, "aggregator") for text in spec.split("+")]
+    except SpecError as error:
+        if error.spec == spec:
+            raise
+        reason = f"component {error.spec!r}: {error.reason}"
+        raise SpecError("aggregator", spec, reason, key=error.key) from None
     *wrappers, (last, last_kwargs) = parts
     if last.wrapper:
         raise ValueError(

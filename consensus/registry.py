@@ -3,7 +3,7 @@
 Spec grammar::
 
     spec      := component ("+" component)*       # wrappers first, one rule last
-    component := NAME [":" KEY "=" VALUE ("," KEY "=" VALUE)*]
+    component := NAME [":" KEY "=" VALUE ("," KEY "=" VALUE)*]   # spec_grammar's
 
 Examples: ``mean``, ``trimmed-mean:b=2``, ``krum:f=2,n=8``,
 ``clipped-gossip:tau=auto``, ``bucketing:s=2+median``, ``nnm+krum:f=1``.
@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from spec_grammar import parse_spec
 
 NONE_WORDS = ("none", "null")
 
@@ -92,23 +94,13 @@ class Entry:
 def parse_component(
     text: str, registry: Mapping[str, Entry], what: str
 ) -> tuple[Entry, dict[str, Any]]:
-    """``name:key=value,...`` -> (entry, parsed keyword arguments given explicitly)."""
-    name, _, rest = text.strip().partition(":")
-    name = name.strip().lower().replace("_", "-")
+    """``name:key=value,...`` (:func:`spec_grammar.parse_spec`) -> (entry, parsed keyword
+    arguments given explicitly); a :class:`spec_grammar.SpecError` for a malformed one."""
+    name, texts = parse_spec(text, what)
     if name not in registry:
         raise ValueError(f"unknown {what} {name!r}; choices: {', '.join(registry)}")
     entry = registry[name]
-    kwargs: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, equals, value = item.partition("=")
-        key = key.strip()
-        if not equals:
-            raise ValueError(f"{name}: expected key=value, got {item!r}")
-        parameter = entry.parameter(key)
-        if key in kwargs:
-            raise ValueError(f"{name}: parameter {key} given twice")
-        kwargs[key] = parameter.parse(name, value)
-    return entry, kwargs
+    return entry, {key: entry.parameter(key).parse(name, value) for key, value in texts.items()}
 
 
 def describe(registry: Mapping[str, Entry], title: str) -> str:

@@ -1,27 +1,14 @@
 """One validation of a decentralized algorithm's configuration, for both runners.
 
 The simulator's ``[algorithm]`` table and the peer's :class:`~peer.node.config.PeerConfig` both
-hand the same few settings to :class:`GossipConfig` at construction, and build the rule with
+hand the same settings to :class:`GossipConfig` at construction, and build the rule with
 :func:`build_algorithm`. So a configuration that cannot work is refused before anything
 starts, with the same reason in either runner, and a setting that the chosen algorithm does
 not read is an error instead of being silently dropped.
 
-What each algorithm reads (``ALGORITHM_FIELDS``); every other field must be left unset
-(``None``), and unset fields it reads take the defaults below:
-
-==========  =================================================  ==============================
-algorithm   reads                                              fixed
-==========  =================================================  ==============================
-dpsgd       order (combine-then-adapt), local_steps (1, >= 0),
-            aggregator (mean), compressor (none, dense)
-local-sgd   local_steps (4, >= 2), aggregator, compressor      order adapt-then-combine
-push-sum    order (adapt-then-combine), local_steps (1),
-            compressor (none, dense)
-choco       local_steps (1), compressor (none, any codec),     order adapt-then-combine
-            consensus_step (0.5, in (0, 1])
-ad-psgd     aggregator (mean, must take 2 inputs),             order combine-then-adapt,
-            compressor (none, dense)                           local_steps 1
-==========  =================================================  ==============================
+The settings, their defaults, allowed values and readers are declared once, in
+:data:`gossip.settings.SETTINGS` (the table is in ``docs/settings.md``); this module adds the
+rules that join a setting to the algorithm or to another setting.
 
 "Dense" codecs (``none``, ``fp16``, ``bf16``, ``qsgd``) send every coordinate. A sparsifier
 (``topk``, ``randk``) applied to a model, as D-PSGD, local SGD, push-sum and AD-PSGD send it,
@@ -35,13 +22,11 @@ AD-PSGD exchange always has two inputs, which the constructor checks by itself.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import consensus
 from gossip.algorithms import (
-    ORDERS,
     Choco,
     DecentralizedSGD,
     GossipAlgorithm,
@@ -49,6 +34,13 @@ from gossip.algorithms import (
 )
 from gossip.compression import build_compressor
 from gossip.pairwise import PairwiseGossip
+from gossip.settings import (
+    DENSE_COMPRESSORS,
+    SETTING_NAMES,
+    SETTINGS,
+    ConfigurationError,
+    setting_fields,
+)
 
 __all__ = [
     "ALGORITHM_FIELDS",
@@ -69,83 +61,50 @@ GOSSIP_ALGORITHMS: dict[str, str] = {
 }
 """The decentralized algorithms both runners drive, with a one-line description."""
 
+for _item in SETTINGS:
+    _unknown = set(_item.readers) | set(_item.fixed) | set(_item.defaults)
+    if not _unknown <= set(GOSSIP_ALGORITHMS):
+        raise TypeError(f"setting {_item.name} names unknown algorithms {_unknown}")
+
 ALGORITHM_FIELDS: dict[str, tuple[str, ...]] = {
-    "dpsgd": ("order", "local_steps", "aggregator", "compressor"),
-    "local-sgd": ("local_steps", "aggregator", "compressor"),
-    "push-sum": ("order", "local_steps", "compressor"),
-    "choco": ("local_steps", "compressor", "consensus_step"),
-    "ad-psgd": ("aggregator", "compressor"),
+    name: tuple(item.name for item in SETTINGS if name in item.readers)
+    for name in GOSSIP_ALGORITHMS
 }
-"""The optional fields each algorithm reads; any other field given is an error."""
+"""The settings each algorithm reads (from :data:`gossip.settings.SETTINGS`); any other
+setting given is an error."""
 
-DENSE_COMPRESSORS = ("none", "fp16", "bf16", "qsgd")
-"""Codecs that send every coordinate: the only ones an algorithm that sends its model takes."""
-
-_FIXED: dict[str, dict[str, Any]] = {
-    "local-sgd": {"order": "adapt-then-combine"},
-    "choco": {"order": "adapt-then-combine"},
-    "ad-psgd": {"order": "combine-then-adapt", "local_steps": 1},
-}
-_DEFAULTS: dict[str, Any] = {
-    "order": "combine-then-adapt",
-    "local_steps": 1,
-    "aggregator": "mean",
-    "compressor": "none",
-    "consensus_step": 0.5,
-}
-_ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "local-sgd": {"local_steps": 4},
-    "push-sum": {"order": "adapt-then-combine"},
-}
-_MINIMUM_LOCAL_STEPS = {"local-sgd": 2}
-GOSSIP_SETTINGS = ("order", "local_steps", "aggregator", "compressor", "consensus_step")
+GOSSIP_SETTINGS = SETTING_NAMES
 """Every setting :class:`GossipConfig` judges (each algorithm reads some of them)."""
 
 
-class ConfigurationError(ValueError):
-    """An algorithm setting that cannot work; ``field`` names the setting (``aggregator``...).
-
-    ``str(error)`` is ``"FIELD: reason"``; a runner re-raises it under its own name for the
-    field (``algorithm.aggregator`` in an experiment file, ``--aggregator`` on the CLI).
-    """
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
 @dataclass(frozen=True)
+@setting_fields
 class GossipConfig:
     """A decentralized algorithm and the settings it reads, validated at construction.
 
-    Leave a field ``None`` for the algorithm's default; a field the algorithm does not read
-    must stay ``None``. After construction every field the algorithm reads holds its
-    resolved value (fixed ones included, e.g. ``order`` for ``local-sgd``), every other one
-    is ``None``, so constructing again from the fields gives an equal config.
+    Every setting of :data:`gossip.settings.SETTINGS` is a keyword field. Leave one ``None``
+    for the algorithm's default; a setting the algorithm does not read must stay ``None``.
+    After construction every setting the algorithm reads holds its resolved value (fixed ones
+    included, e.g. ``order`` for ``local-sgd``), every other one is ``None``, so constructing
+    again from the fields gives an equal config.
 
     >>> GossipConfig("local-sgd", local_steps=8).order
     'adapt-then-combine'
     >>> GossipConfig("push-sum", aggregator="krum:f=1")
     Traceback (most recent call last):
     ...
-    gossip.configuration.ConfigurationError: aggregator: is not used by push-sum ...
+    gossip.settings.ConfigurationError: aggregator: is not used by push-sum ...
 
-    Args:
-        algorithm: one of :data:`GOSSIP_ALGORITHMS`.
-        order: ``combine-then-adapt`` or ``adapt-then-combine`` (``dpsgd``, ``push-sum``).
-        local_steps: optimizer steps per exchange (``local-sgd`` >= 2, else >= 0).
-        aggregator: a ``consensus.build`` spec (``dpsgd``, ``local-sgd``, ``ad-psgd``).
-        compressor: a ``gossip.build_compressor`` spec; dense codecs only, except ``choco``.
-        consensus_step: CHOCO's gamma in (0, 1].
+    Raises :class:`ConfigurationError` naming the setting (``algorithm`` for the name).
     """
 
     algorithm: str = "dpsgd"
-    order: str | None = None
-    local_steps: int | None = None
-    aggregator: str | None = None
-    compressor: str | None = None
-    consensus_step: float | None = None
+
+    if TYPE_CHECKING:
+
+        def __init__(self, algorithm: str = "dpsgd", **settings: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def __post_init__(self) -> None:
         name = self.algorithm
@@ -154,82 +113,44 @@ class GossipConfig:
                 "algorithm", f"must be one of {', '.join(GOSSIP_ALGORITHMS)}; got {name!r}"
             )
         reads = ALGORITHM_FIELDS[name]
-        fixed = _FIXED.get(name, {})
-        for key in GOSSIP_SETTINGS:
-            value = getattr(self, key)
-            if key in reads:
+        for item in SETTINGS:
+            value = getattr(self, item.name)
+            if name in item.readers:
                 if value is None:
-                    value = _ALGORITHM_DEFAULTS.get(name, {}).get(key, _DEFAULTS[key])
-                object.__setattr__(self, key, value)
-            elif key in fixed:
-                if value is not None and value != fixed[key]:
+                    value = item.default_for(name)
+                try:
+                    value = item.check(value, name)
+                except ValueError as error:
+                    raise ConfigurationError(item.name, str(error)) from None
+            elif name in item.fixed:
+                if value is not None and value != item.fixed[name]:
                     raise ConfigurationError(
-                        key, f"{name} is always {key} = {fixed[key]!r}; got {value!r}"
+                        item.name,
+                        f"{name} is always {item.name} = {item.fixed[name]!r}; got {value!r}",
                     )
-                object.__setattr__(self, key, fixed[key])
+                value = item.fixed[name]
             elif value is not None:
                 raise ConfigurationError(
-                    key,
+                    item.name,
                     f"is not used by {name} (it reads {', '.join(reads)}); remove it or pick "
                     f"an algorithm that reads it",
                 )
-        self._check_values()
-
-    def _check_values(self) -> None:
-        name = self.algorithm
-        if self.order not in ORDERS:
-            raise ConfigurationError(
-                "order", f"must be one of {', '.join(ORDERS)}; got {self.order!r}"
-            )
-        steps = self.local_steps
-        minimum = _MINIMUM_LOCAL_STEPS.get(name, 0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < minimum:
-            hint = " (local-sgd with 1 step is dpsgd with adapt-then-combine)" if minimum else ""
-            raise ConfigurationError(
-                "local_steps", f"must be an integer >= {minimum} for {name}{hint}; got {steps!r}"
-            )
-        if self.aggregator is not None:
-            try:
-                rule = consensus.build(self.aggregator)
-            except ValueError as error:
-                raise ConfigurationError("aggregator", str(error)) from None
-            if name == "ad-psgd":
-                _check_size(rule, self.aggregator, 2, "an AD-PSGD exchange averages 2 models")
-
-        if self.compressor is not None:
-            try:
-                build_compressor(self.compressor)
-            except ValueError as error:
-                raise ConfigurationError("compressor", str(error)) from None
-            codec = self.compressor.strip().partition(":")[0]
-
-            if name != "choco" and codec not in DENSE_COMPRESSORS:
-                raise ConfigurationError(
-                    "compressor",
-                    f"{codec} drops most coordinates of the model {name} sends, which the "
-                    f"receiver then mixes in as zeros; use {', '.join(DENSE_COMPRESSORS)}, or "
-                    "choco, which sends compressed differences",
-                )
+            object.__setattr__(self, item.name, value)
         if name == "ad-psgd":
-            pairwise = PairwiseGossip(
-                consensus.build(self.aggregator or "mean"),
-                build_compressor(self.compressor or "none"),
-            )
-            try:  # state per node that changing pairs cannot carry
-                pairwise.check_batchable()
-            except ValueError as error:
-                field, _, reason = str(error).partition(": ")
-                raise ConfigurationError(field, reason) from None
-        if self.consensus_step is not None:
-            gamma = self.consensus_step
-            if (
-                isinstance(gamma, bool)
-                or not isinstance(gamma, int | float)
-                or not math.isfinite(gamma)
-                or not 0 < gamma <= 1
-            ):
-                raise ConfigurationError("consensus_step", f"must be in (0, 1]; got {gamma!r}")
-            object.__setattr__(self, "consensus_step", float(gamma))
+            self._check_pairwise()
+
+    def _check_pairwise(self) -> None:
+        """AD-PSGD's rule: an aggregator that runs on 2 models, no state per node."""
+        _check_size(
+            consensus.build(self.aggregator),
+            self.aggregator,
+            2,
+            "an AD-PSGD exchange averages 2 models",
+        )
+        pairwise = PairwiseGossip(
+            consensus.build(self.aggregator), build_compressor(self.compressor)
+        )
+        pairwise.check_batchable()  # state per node that changing pairs cannot carry
 
     @property
     def needs_topology(self) -> bool:

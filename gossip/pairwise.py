@@ -63,6 +63,7 @@ from torch import Tensor
 from consensus import Aggregator, WeightedMean, all_finite
 from gossip.algorithms import DecentralizedSGD, _aggregator, _compressor
 from gossip.compression import Compressor, ErrorFeedback
+from gossip.settings import ConfigurationError
 
 __all__ = ["PairwiseGossip", "ad_psgd", "average_pair"]
 
@@ -314,21 +315,24 @@ class PairwiseGossip:
     def check_batchable(self) -> None:
         """Refuse state that :meth:`exchange` cannot keep per node across changing pairs.
 
-        Raises ``ValueError`` naming ``compressor`` for error feedback (its residual is per
-        sender row) and ``aggregator`` for a stateful rule (``centered-clipping``'s centre,
+        Raises :class:`~gossip.settings.ConfigurationError` (a ``ValueError``) whose
+        ``field`` is ``compressor`` for error feedback (its residual is per sender row) and
+        ``aggregator`` for a stateful rule (``centered-clipping``'s centre,
         ``bucketing``'s shuffling): a batch's rows are different nodes from call to call.
         """
         if isinstance(self.compressor, ErrorFeedback):
-            raise ValueError(
-                f"compressor: {self.compressor.spec!r} keeps an error-feedback residual per "
+            raise ConfigurationError(
+                "compressor",
+                f"{self.compressor.spec!r} keeps an error-feedback residual per "
                 "sender, which a batch of changing pairs cannot hold; use none, fp16, bf16 or "
-                "qsgd without feedback"
+                "qsgd without feedback",
             )
         if getattr(self.aggregator, "stateful", False) is True:
-            raise ValueError(
-                f"aggregator: {self.aggregator!r} keeps state between calls, which a batch of "
+            raise ConfigurationError(
+                "aggregator",
+                f"{self.aggregator!r} keeps state between calls, which a batch of "
                 "changing pairs cannot hold per node; use a stateless rule (mean, median, "
-                "clipped-gossip, ...)"
+                "clipped-gossip, ...)",
             )
 
 

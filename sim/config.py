@@ -49,10 +49,11 @@ A complete file (every key optional except where noted)::
     weights = "metropolis"         # mixing weights (default: metropolis, uniform if directed);
                                    # "max-degree", "lazy-metropolis" ((I + W_metropolis) / 2)
     schedule = "static"            # "one-peer-exponential", "random-matching", "random-k-out"
-    order = "combine-then-adapt"
+    order = "combine-then-adapt"   # the algorithm settings: docs/settings.md
     local_steps = 1
     aggregator = "mean"            # consensus rule spec
     compressor = "none"            # gossip compressor spec
+    consensus_step = 0.5           # choco
 
     [network]
     latency = 1e-4                 # seconds per message (alpha); or one value per peer [..]
@@ -92,23 +93,24 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from gossip.configuration import (
     ALGORITHM_FIELDS,
     GOSSIP_ALGORITHMS,
-    GOSSIP_SETTINGS,
     ConfigurationError,
     GossipConfig,
 )
+from gossip.settings import SETTING_NAMES, setting_fields
 from sim.algorithms import (
     OptimizerConfig,
 )
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
 from sim.paths import resolve_experiment_paths
+from spec_grammar import SpecError, parse_spec
 from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
@@ -180,10 +182,12 @@ LABEL_SETS = "label-sets"
 """The partition whose label sets ``workload.label_sets`` gives by group or peer."""
 
 
-def _partition_name(spec: str) -> tuple[str, str]:
-    """(name, parameters) of a partition spec string."""
-    name, _, rest = spec.strip().partition(":")
-    return name.strip(), rest.strip()
+def _partition_name(spec: str) -> tuple[str, dict[str, str]]:
+    """(name, parameters) of a partition spec string (:func:`spec_grammar.parse_spec`)."""
+    try:
+        return parse_spec(spec, "partition")
+    except SpecError as error:
+        raise _fail("workload.partition", str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -257,12 +261,15 @@ _BASELINE_DEFAULTS: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+@setting_fields
 class AlgorithmConfig:
     """The ``[algorithm]`` table: the algorithm's name and the settings it reads.
 
     A key left out (``None``) takes the algorithm's default; a key the algorithm does not read
-    is an error that names it. Gossip algorithms are validated by ``gossip.GossipConfig``, the
-    same check a networked peer runs (:attr:`gossip`); ``topology`` is one
+    is an error that names it. The gossip settings (every name of
+    ``gossip.settings.SETTINGS``, docs/settings.md) are fields too and are validated by
+    ``gossip.GossipConfig``, the same check a networked peer runs (:attr:`gossip`); fedavg
+    reads ``local_steps`` as its local steps per round. ``topology`` is one
     ``topologies.build_schedule`` spec, a graph (``ring``, ``random-regular:degree=4``) or a
     time-varying schedule (``one-peer-exponential``, ``random-k-out:k=2``), default ``ring``.
     """
@@ -271,21 +278,33 @@ class AlgorithmConfig:
     topology: str | None = None
     topology_params: Mapping[str, Any] | None = None
     weights: str | None = None
-    order: str | None = None
-    local_steps: int | None = None
-    aggregator: str | None = None
-    compressor: str | None = None
-    consensus_step: float | None = None
     shards: int | None = None
     alpha: float | None = None
     period: int | None = None
     fraction: float | None = None
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            name: str = "dpsgd",
+            topology: str | None = None,
+            topology_params: Mapping[str, Any] | None = None,
+            weights: str | None = None,
+            shards: int | None = None,
+            alpha: float | None = None,
+            period: int | None = None,
+            fraction: float | None = None,
+            **settings: Any,
+        ) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, tuple(ALGORITHMS))
         reads = self.reads()
         # gossip settings are judged by gossip.GossipConfig, as on a peer
-        judged = ("name", *GOSSIP_SETTINGS) if self.name in GOSSIP_ALGORITHMS else ("name",)
+        judged = ("name", *SETTING_NAMES) if self.name in GOSSIP_ALGORITHMS else ("name",)
         for item in fields(self):
             given = item.name not in judged and getattr(self, item.name) is not None
             if given and item.name not in reads:
@@ -298,7 +317,9 @@ class AlgorithmConfig:
             try:
                 object.__setattr__(self, "_gossip", GossipConfig(**self._gossip_fields()))
             except ConfigurationError as error:
-                raise _fail(f"algorithm.{error.field}", error.reason) from None
+                raise _fail(
+                    f"algorithm.{error.field}", error.reason_with(lambda key: f"algorithm.{key}")
+                ) from None
             _spec("algorithm.topology", self.topology or "ring")
             if self.topology_params is not None and not isinstance(self.topology_params, Mapping):
                 raise _fail("algorithm.topology_params", "must be a table of builder parameters")
@@ -323,14 +344,7 @@ class AlgorithmConfig:
         return BASELINE_FIELDS[self.name]
 
     def _gossip_fields(self) -> dict[str, Any]:
-        return {
-            "algorithm": self.name,
-            "order": self.order,
-            "local_steps": self.local_steps,
-            "aggregator": self.aggregator,
-            "compressor": self.compressor,
-            "consensus_step": self.consensus_step,
-        }
+        return {"algorithm": self.name, **{key: getattr(self, key) for key in SETTING_NAMES}}
 
     @property
     def gossip(self) -> GossipConfig:
@@ -663,8 +677,8 @@ class ExperimentConfig:
                 labels = peer_label_sets(workload.label_sets, self.groups, workload.peers)
             else:
                 name, params = _partition_name(workload.partition)
-                if name == LABEL_SETS and params.startswith("sets="):
-                    labels = label_sets_from_spec(params[len("sets=") :], workload.peers)
+                if name == LABEL_SETS and "sets" in params:
+                    labels = label_sets_from_spec(params["sets"], workload.peers)
         except ValueError as error:
             message = str(error)
             raise (

@@ -1,4 +1,5 @@
-"""Topology spec strings, one grammar for both runners: ``NAME[:KEY=VALUE[,KEY=VALUE...]]``.
+"""Topology spec strings, one grammar for both runners: ``NAME[:KEY=VALUE[,KEY=VALUE...]]``
+(:mod:`spec_grammar`, the grammar of every registry's specs).
 
 ``"random-regular:degree=4,seed=1"`` names a static graph of :data:`topologies.TOPOLOGIES`
 with builder parameters; ``"random-k-out:k=2"`` names a time-varying schedule of
@@ -18,6 +19,8 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from spec_grammar import SpecError
+from spec_grammar import parse_spec as parse_grammar
 from topologies.errors import TopologyError
 from topologies.mixing import mixing_matrix
 from topologies.registry import TOPOLOGIES, build
@@ -134,35 +137,22 @@ def _check(name: str, params: Mapping[str, object], spec: str) -> None:
 def parse_spec(spec: str) -> tuple[str, dict[str, Value]]:
     """Split ``NAME[:KEY=VALUE,...]`` into the canonical name and its parameters.
 
-    The name is matched ignoring case and ``_`` vs ``-``; each VALUE becomes an int if it
-    reads as one, else a float, else stays a string. Raises :class:`TopologyError` (a
-    ``ValueError``) naming the offending part for: an empty spec, an unknown name (listing
-    every name), an item that is not ``KEY=VALUE``, a key given twice, a parameter the name
-    does not take (listing its parameters), and a ``k`` (>= 1) or ``seed`` (>= 0) that is not
-    such an integer.
+    The grammar is :func:`spec_grammar.parse_spec`'s (the name is matched ignoring case
+    and ``_`` vs ``-``); each VALUE becomes an int if it reads as one, else a float, else
+    stays a string. Raises :class:`TopologyError` (a ``ValueError``) naming the spec for:
+    a spec the grammar refuses, an unknown name (listing every name), a parameter the name
+    does not take (listing its parameters), and a ``k`` (>= 1) or ``seed`` (>= 0) that is
+    not such an integer.
 
     >>> parse_spec("random-k-out:seed=3")
     ('random-k-out', {'seed': 3})
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise TopologyError(
-            "spec",
-            f"topology spec must be NAME[:KEY=VALUE,...] with NAME one of: "
-            f"{', '.join(topology_names())}; got {spec!r}",
-        )
-    head, _, rest = spec.strip().partition(":")
+    try:
+        head, texts = parse_grammar(spec, "topology")
+    except SpecError as error:
+        raise TopologyError(error.key or "spec", str(error)) from None
     name = _canonical(head, spec)
-    params: dict[str, Value] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, equals, text = (part.strip() for part in item.partition("="))
-        if not equals or not key or not text:
-            raise TopologyError(
-                "spec", f"topology spec {spec!r}: parameter {item!r} is not KEY=VALUE"
-            )
-        key = key.replace("-", "_")
-        if key in params:
-            raise TopologyError(key, f"topology spec {spec!r}: {key!r} is given twice")
-        params[key] = _value(text)
+    params: dict[str, Value] = {key: _value(text) for key, text in texts.items()}
     _check(name, params, spec)
     return name, params
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from spec_grammar import parse_spec as parse_grammar
+
 T = TypeVar("T")
 
 
@@ -103,24 +105,9 @@ class Entry(Generic[T]):
 
 
 def parse_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
-    """Split ``name:key=value,key=value`` into the name and a dict of string values."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(
-            f"{what} spec must be a non-empty string like 'name:key=value', got {spec!r}"
-        )
-    name, _, rest = spec.strip().partition(":")
-    params: dict[str, str] = {}
-    if rest.strip():
-        for item in rest.split(","):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(
-                    f"{what} spec {spec!r}: expected key=value after ':', got {item!r}"
-                )
-            if key.strip() in params:
-                raise ValueError(f"{what} spec {spec!r}: parameter {key.strip()!r} given twice")
-            params[key.strip()] = value.strip()
-    return name.strip(), params
+    """Split ``name:key=value,key=value`` into the name and a dict of string values, by the
+    one grammar of :func:`spec_grammar.parse_spec` (a ``SpecError`` for a malformed spec)."""
+    return parse_grammar(spec, what)
 
 
 def lookup(registry: Mapping[str, Entry[T]], name: str, what: str) -> Entry[T]:

@@ -20,6 +20,7 @@ from gossip.compression.feedback import ErrorFeedback
 from gossip.compression.quantization import StochasticQuantization
 from gossip.compression.sparse import RandomK, TopK
 from gossip.compression.wire_dtypes import read_field
+from spec_grammar import parse_spec
 
 __all__ = ["COMPRESSORS", "CompressorInfo", "build_compressor", "decode"]
 
@@ -92,26 +93,21 @@ def _convert(name: str, key: str, kind: type, text: str) -> Any:
 def build_compressor(spec: str) -> Compressor:
     """Build a compressor from ``name[:key=value,...]``, e.g. ``"topk:ratio=0.01,feedback=true"``.
 
-    Unknown names or parameters raise ``ValueError`` listing the choices.
+    The grammar is :func:`spec_grammar.parse_spec`'s (a malformed spec raises its
+    ``SpecError``); unknown names or parameters raise ``ValueError`` listing the choices.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"compressor spec must be a non-empty string, got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
+    name, texts = parse_spec(spec, "compressor")
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compressor {name!r}; choose one of {sorted(COMPRESSORS)}")
     info = COMPRESSORS[name]
     kwargs: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, text = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise ValueError(f"compressor parameter {item!r} must look like key=value")
+    for key, text in texts.items():
         if key not in info.parameters:
             raise ValueError(
                 f"compressor {name!r} has no parameter {key!r}; "
                 f"choose from {sorted(info.parameters) or 'none'}"
             )
-        kwargs[key] = _convert(name, key, info.parameters[key][0], text.strip())
+        kwargs[key] = _convert(name, key, info.parameters[key][0], text)
     feedback = kwargs.pop("feedback", False)
     compressor = info.factory(**kwargs)
     return ErrorFeedback(compressor) if feedback else compressor

@@ -25,9 +25,12 @@ Your own code: ``--model mymodel.py:MyNet`` or ``--model mypkg.models:make_net``
 
 Every user mistake is one line, ``gossipnet peer: error: FLAG: WHAT; allowed: VALUES``, and
 exit code 2, found before the data set is loaded or a port is opened (flags, files, user
-code, the secret, a port already in use); :mod:`peer.app.usage` holds the format. A renamed
-flag (``--compress``, ``--codec`` -> ``--compressor``; ``--peers`` -> ``--peers-file``)
-still works for one release and says so in one line.
+code, the secret, a port already in use); :mod:`peer.app.usage` holds the format. A
+``PeerConfig`` error carries its field, which is named by its flag.
+
+The algorithm settings' flags (``--order``, ``--local-steps``, ``--aggregator``,
+``--compressor``, ``--consensus-step``, ...) come from :data:`gossip.settings.SETTINGS`
+(docs/settings.md).
 
 Example, two peers on one machine::
 
@@ -47,22 +50,28 @@ import argparse
 import asyncio
 import errno
 import logging
-import re
 import socket
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any, NoReturn
 
-from gossip.algorithms import ORDERS
+from gossip.settings import ConfigurationError
 from peer.app.logs import configure_logging
 from peer.app.run import build_peer, human_bytes, run_peer
-from peer.app.usage import DeprecatedAlias, OneLineParser, UsageError, exit_with, one_line
+from peer.app.usage import (
+    OneLineParser,
+    UsageError,
+    add_setting_flags,
+    exit_with,
+    flag_namer,
+    one_line,
+)
 from peer.node.config import ALGORITHMS, MODES, PeerConfig
 from peer.node.logbook import LogbookError, check_log_dir
 from peer.node.topology import read_peer_list, topology_names
 from peer.protocol.auth import SECRET_ENV, OpenSwarmWarning, load_secret
-from peer.protocol.codecs import DENSE_CODECS
 from workloads import (
     DataFileError,
     UserCodeError,
@@ -73,8 +82,6 @@ from workloads import (
 
 __all__ = [
     "CONFIG_FIELDS",
-    "FLAG_NAMES",
-    "flag_message",
     "human_bytes",
     "main",
     "parse_peer_args",
@@ -130,30 +137,7 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         help=f"one of {', '.join(ALGORITHMS)} (default ad-psgd, or from --mode); sets --mode",
     )
     peer.add_argument("--mode", choices=MODES, help="async (ad-psgd, default) or sync (dpsgd)")
-    peer.add_argument(
-        "--order", choices=ORDERS, help="dpsgd: combine-then-adapt (default) or adapt-then-combine"
-    )
-    peer.add_argument(
-        "--local-steps",
-        type=int,
-        help="optimizer steps per round (dpsgd: default 1; local-sgd: default 4, >= 2)",
-    )
-    peer.add_argument(
-        "--aggregator",
-        help="consensus spec, e.g. trimmed-mean:b=1 (default mean); it must be able to run on "
-        "the smallest neighbourhood (ad-psgd: the pair's 2 models)",
-    )
-    peer.add_argument(
-        "--compressor",
-        help="compressor of sent models: "
-        + ", ".join(DENSE_CODECS)
-        + " (e.g. qsgd:bits=8; default none; choco: topk, randk too)",
-    )
-    for old in ("--compress", "--codec"):
-        peer.add_argument(old, dest="compressor", action=DeprecatedAlias, new="--compressor")
-    peer.add_argument(
-        "--consensus-step", type=float, help="choco: consensus step gamma in (0, 1] (default 0.5)"
-    )
+    add_setting_flags(peer)
     peer.add_argument(
         "--byzantine",
         metavar="ATTACK",
@@ -183,7 +167,6 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         metavar="FILE",
         help="with --topology: every peer's HOST:PORT, one a line (rank r = line r)",
     )
-    peer.add_argument("--peers", dest="peers_file", action=DeprecatedAlias, new="--peers-file")
     peer.add_argument("--rank", type=int, help="with --topology: this peer's line in --peers-file")
     peer.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:INDEX (default cpu)")
     peer.add_argument(
@@ -191,6 +174,15 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         type=int,
         default=8,
         help="exchanges served at once, more get 409 busy (default 8)",
+    )
+    peer.add_argument(
+        "--max-serving-share",
+        type=float,
+        default=PeerConfig.max_serving_share,
+        metavar="SHARE",
+        help="while training, the most of this peer's time that serving neighbours' "
+        "exchanges may take, in (0, 1]; past it they get 409 busy "
+        f"(default {PeerConfig.max_serving_share:g}; 1: no limit)",
     )
     peer.add_argument("--request-timeout-s", type=float, default=10.0)
     peer.add_argument("--suspect-after", type=int, default=1)
@@ -282,29 +274,18 @@ def _parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     return parser
 
 
-CONFIG_FIELDS = (
-    "peer_id", "client_only", "join_timeout_s", "fetch_state", "order", "algorithm",
-    "local_steps", "aggregator", "compressor", "consensus_step", "byzantine", "fanout",
-    "round_deadline_s", "seed", "topology", "topology_weights", "rank", "device",
-    "max_concurrent_exchanges", "request_timeout_s", "suspect_after", "evict_after",
-    "secret_file", "clock_window_s", "tls_cert", "tls_key", "tls_ca", "max_body_factor",
-    "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume", "average_buffers",
-    "log_dir",
-)  # fmt: skip
-FLAG_NAMES = {"peer_id": "--id", "codec": "--compressor", "peer_list": "--peers-file"}
-"""Config fields whose flag is not ``--`` + the field name with dashes."""
+NETWORK_FIELDS = ("host", "port", "advertise", "join", "peer_list")
+"""PeerConfig fields that :func:`_network` works out from several flags."""
+CONFIG_FIELDS = tuple(
+    item.name for item in fields(PeerConfig) if item.name not in (*NETWORK_FIELDS, "secret")
+)
+"""PeerConfig fields set by the flag of the same name (``peer_id`` by ``--id``; the
+secret is read from ``--secret-file`` by the peer)."""
 
 
-def flag_message(error: Exception) -> str:
-    """A ``PeerConfig`` error with each ``PeerConfig.field`` written as its flag, in the one
-    format of :mod:`peer.app.usage` (``--fanout: must be an integer >= 1, got 0``)."""
-    text = re.sub(r"^PeerConfig\.(\w+) (?!and )", r"PeerConfig.\1: ", str(error))
-    text = re.sub(
-        r"PeerConfig\.(\w+)",
-        lambda m: FLAG_NAMES.get(m[1], "--" + m[1].replace("_", "-")),
-        text,
-    )
-    return one_line(text)
+def _namer(parser: OneLineParser) -> Callable[[str], str]:
+    """Names a PeerConfig field by its flag (``peer_list`` comes from ``--peers-file``)."""
+    return flag_namer(parser, peer_list="--peers-file")
 
 
 def _network(args: argparse.Namespace, parser: OneLineParser) -> dict[str, Any]:
@@ -332,8 +313,7 @@ def _network(args: argparse.Namespace, parser: OneLineParser) -> dict[str, Any]:
     try:
         addresses = read_peer_list(args.peers_file)
     except ValueError as error:
-        # peer.node.topology still words its errors with the flag's old name
-        parser.error(re.sub(r"^--peers\b:?", "--peers-file:", str(error)))
+        parser.error(str(error))
     if not 0 <= args.rank < len(addresses):
         parser.error(
             f"--rank: must be in [0, {len(addresses)}) for the {len(addresses)} peers in "
@@ -408,13 +388,9 @@ def parse_peer_args(
     args = parser.parse_args(list(argv))
     network = _network(args, parser)
     try:
-        config = PeerConfig(
-            mode=args.mode,
-            **network,
-            **{name: getattr(args, name) for name in CONFIG_FIELDS},
-        )
-    except ValueError as error:
-        parser.error(flag_message(error))
+        config = PeerConfig(**network, **{name: getattr(args, name) for name in CONFIG_FIELDS})
+    except ConfigurationError as error:
+        parser.error(error.render(_namer(parser)))
     _check_numbers(args, parser)
     _check_secret(args, parser)
     _check_workload(args, parser)
@@ -484,8 +460,10 @@ def _build_and_run(args: argparse.Namespace, config: PeerConfig, parser: OneLine
         parser.error(f"--{error.role}: {error}")
     except (DataFileError, ImportError) as error:
         parser.error(f"--dataset: {error}")
+    except ConfigurationError as error:
+        parser.error(error.render(_namer(parser)))
     except (ValueError, OSError) as error:
-        parser.error(flag_message(error))
+        parser.error(str(error))
     try:
         return asyncio.run(run_peer(peer, data, args))
     except LogbookError as error:  # --log-dir changed since it was checked

@@ -51,7 +51,7 @@ from typing import Any
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
-from peer.app.usage import DeprecatedAlias, OneLineParser, UsageError
+from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
 from peer.node.config import ALGORITHMS, MODES
 from peer.node.logbook import Logbook, LogbookError, check_log_dir
 from peer.node.topology import topology_names
@@ -95,13 +95,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     )
     swarm.add_argument("--algorithm", help=", ".join(ALGORITHMS) + " (default ad-psgd)")
     swarm.add_argument("--mode", choices=MODES)
-    swarm.add_argument(
-        "--compressor", help="none, fp16, bf16, qsgd:bits=B (choco: topk, randk too)"
-    )
-    swarm.add_argument("--compress", dest="compressor", action=DeprecatedAlias, new="--compressor")
-    swarm.add_argument("--aggregator", help="consensus spec, e.g. trimmed-mean:b=1")
-    swarm.add_argument("--local-steps", type=int)
-    swarm.add_argument("--consensus-step", type=float, help="choco: gamma in (0, 1]")
+    add_setting_flags(swarm)
     swarm.add_argument(
         "--byzantine",
         metavar="K:ATTACK",
@@ -113,6 +107,13 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     swarm.add_argument("--topology", help="one of " + ", ".join(topology_names()))
     swarm.add_argument("--topology-weights")
     swarm.add_argument("--device", help="auto, cpu, cuda, cuda:I")
+    swarm.add_argument(
+        "--max-serving-share",
+        type=float,
+        metavar="SHARE",
+        help="each peer's limit on the share of its training time spent serving exchanges, "
+        "in (0, 1] (default: the peer's)",
+    )
     swarm.add_argument("--checkpoint-every", type=int, help="steps (checkpoints in --dir)")
     swarm.add_argument("--log-level", help="peers' log level (their stderr goes to --dir)")
     swarm.add_argument(
@@ -239,14 +240,14 @@ def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParse
             except UsageError as error:
                 parser.error(f"--peer-args: {error}")
     if not args.topology and config.mode == "sync":
-        from gossip.configuration import ConfigurationError
+        from gossip.settings import ConfigurationError
 
         try:  # without a topology a sync peer mixes every other member: N models in all
             config.gossip.check_neighbourhood(
                 args.peers, where=f"--peers {args.peers} without --topology"
             )
         except ConfigurationError as error:
-            parser.error(f"--{error.field.replace('_', '-')}: {error.reason}")
+            parser.error(error.render(flag_namer(parser)))
     if args.device and args.device != "cpu":
         from peer.node.config import resolve_device
 

@@ -34,15 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gossip.settings import SETTING_NAMES
+
 GRACE_S = 15.0
 """How long stopped peers get to checkpoint and exit before SIGKILL."""
 PASS_THROUGH = (
-    "algorithm", "mode", "compressor", "aggregator", "local_steps", "consensus_step", "fanout",
-    "round_deadline_s",
+    "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "lr",
-    "momentum", "seed", "steps", "device", "checkpoint_every", "log_level",
+    "momentum", "seed", "steps", "device", "max_serving_share", "checkpoint_every", "log_level",
 )  # fmt: skip
-"""Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``)."""
+"""Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``); every
+algorithm setting (``gossip.settings.SETTING_NAMES``) among them."""
 
 
 @dataclass

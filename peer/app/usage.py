@@ -13,9 +13,10 @@ several ways (``choices: a, b``, ``choose one of: a, b``, ``choose one of ['a', 
 each into the one format, so whatever layer found the mistake, the user reads the same
 shape of line.
 
-A renamed flag keeps its old name for one release (:class:`DeprecatedAlias`): it works and
-prints one line, ``PROG: warning: --compress is deprecated and goes away in the next
-release; use --compressor``.
+A configuration error carries its field (:class:`~gossip.settings.ConfigurationError`);
+:func:`flag_namer` names that field by the flag that sets it, read from the parser itself,
+and :func:`add_setting_flags` adds one flag per algorithm setting as
+:data:`gossip.settings.SETTINGS` declares it (type, choices, help).
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 __all__ = [
-    "DeprecatedAlias",
     "OneLineParser",
     "UsageError",
+    "add_setting_flags",
     "exit_with",
+    "flag_namer",
     "one_line",
 ]
 
@@ -87,46 +89,49 @@ def exit_with(prog: str, message: str, code: int = 2) -> NoReturn:
 
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line and exit code 2 (``--help`` still
-    shows the usage). With ``raise_errors=True`` an error raises :class:`UsageError`
+    shows the usage), and whose flags are only taken by their whole names. With ``raise_errors=True`` an error raises :class:`UsageError`
     instead, so that a caller (``launch`` checking ``--peer-args``) can report it itself."""
 
     def __init__(self, *args: Any, raise_errors: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # a flag is its whole name, never a prefix
         super().__init__(*args, **kwargs)
         self.raise_errors = raise_errors
-        self.warned: set[str] = set()
 
     def error(self, message: str) -> NoReturn:
         if self.raise_errors:
             raise UsageError(one_line(message))
         exit_with(self.prog, message)
 
-    def warn(self, message: str) -> None:
-        """One ``PROG: warning: MESSAGE`` line on stderr, once per message."""
-        if message not in self.warned and not self.raise_errors:
-            self.warned.add(message)
-            print(f"{self.prog}: warning: {message}", file=sys.stderr, flush=True)
+
+def add_setting_flags(group: Any) -> None:
+    """One flag per algorithm setting (:data:`gossip.settings.SETTINGS`) on ``group`` (a
+    parser or an argument group): ``--consensus-step GAMMA``, its type and choices, and a
+    help line with what it does, the allowed values, the default and who reads it. Each
+    defaults to ``None``: the algorithm's own default."""
+    from gossip.settings import SETTINGS  # here: gossipnet status must not load torch
+
+    for item in SETTINGS:
+        group.add_argument(
+            item.flag,
+            dest=item.name,
+            type=item.type,
+            choices=item.choices or None,
+            metavar=item.metavar,
+            default=None,
+            help=f"{item.help}; allowed: {item.allowed}; default {item.default_text()}; "
+            f"read by {', '.join(item.readers)}",
+        )
 
 
-class DeprecatedAlias(argparse.Action):
-    """The old name of a renamed flag: stores its value under the new flag's ``dest`` and
-    prints one deprecation line (``add_argument("--compress", action=DeprecatedAlias,
-    dest="compressor", new="--compressor")``)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any):
-        kwargs.setdefault("help", argparse.SUPPRESS)
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        message = f"{option_string} is deprecated and goes away in the next release; use {self.new}"
-        if isinstance(parser, OneLineParser):
-            parser.warn(message)
-        else:
-            print(f"{parser.prog}: warning: {message}", file=sys.stderr, flush=True)
-        setattr(namespace, self.dest, values)
+def flag_namer(parser: argparse.ArgumentParser, **extra: str) -> Callable[[str], str]:
+    """A function that names a configuration field by the long flag of ``parser`` that
+    sets it (``consensus_step`` -> ``--consensus-step``, ``peer_id`` -> ``--id``);
+    ``extra`` adds fields that a flag sets indirectly (``peer_list="--peers-file"``). A
+    field no flag sets is written as it is."""
+    flags: dict[str, str] = {}
+    for action in parser._actions:  # the parser's own table of flags, dest -> option
+        longs = [option for option in action.option_strings if option.startswith("--")]
+        if longs and action.dest not in flags:
+            flags[action.dest] = longs[0]
+    flags.update(extra)
+    return lambda field: flags.get(field, field)

@@ -1,22 +1,25 @@
 """``PeerConfig``: every knob of a networked peer, validated at construction.
 
-Errors name the field and the allowed values. The CLI maps its flags 1:1 onto
-these fields (``--round-deadline-s`` -> ``round_deadline_s``).
+An error is a :class:`~gossip.settings.ConfigurationError` that carries the field it is about
+(``error.field``) and says what is allowed; ``str(error)`` reads ``PeerConfig.FIELD: ...``.
+The CLI maps its flags 1:1 onto these fields (``--round-deadline-s`` -> ``round_deadline_s``)
+and names a refused field by its flag.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import consensus
 import topologies
-from gossip.configuration import GOSSIP_ALGORITHMS, ConfigurationError, GossipConfig
+from gossip.configuration import ConfigurationError, GossipConfig
+from gossip.settings import SETTING_NAMES, setting_fields
 from peer.node.membership import check_address
 from peer.protocol.wire import SENDER_ID_PATTERN
+from peer.transport.admission import DEFAULT_SERVING_SHARE
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
 from workloads.device import resolve_device as resolve_device  # re-exported for peer.*
 
@@ -30,22 +33,24 @@ ALGORITHMS: dict[str, Mode] = {
     "choco": "sync",
 }
 """Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
-SIMULATOR_ONLY = tuple(name for name in GOSSIP_ALGORITHMS if name not in ALGORITHMS)
-"""gossip algorithms the simulator runs but a peer does not yet (docs/algorithms.md says why)."""
 CLIENT_ONLY_FANOUT = 2
 """An async client-only peer's default ``fanout``: AD-PSGD averages a peer when it calls
 and when it is called, and a listening peer is called about once a round; a peer nobody can
 call makes up for it with a second call. With one call a round it ended 0.05-0.09 below the
 others' test accuracy in 4-peer launches; with two, level with them (docs/peer.md)."""
-GOSSIP_FIELDS = ("order", "local_steps", "aggregator", "compressor", "consensus_step")
-"""PeerConfig fields that are ``gossip.GossipConfig`` fields of the same name."""
+
+
+def _error(name: str, reason: str, *mentions: str) -> ConfigurationError:
+    """The error about field ``name``; ``reason`` refers to each other field in
+    ``mentions`` as ``{field}``."""
+    return ConfigurationError(name, reason, mentions=mentions, owner="PeerConfig")
 
 
 def _int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"PeerConfig.{name} must be an integer >= {minimum}, got {value!r}")
+        raise _error(name, f"must be an integer >= {minimum}, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"PeerConfig.{name} must be an integer <= {maximum}, got {value!r}")
+        raise _error(name, f"must be an integer <= {maximum}, got {value!r}")
 
 
 def _positive(name: str, value: object) -> None:
@@ -54,10 +59,18 @@ def _positive(name: str, value: object) -> None:
         or not isinstance(value, int | float)
         or not (math.isfinite(value) and value > 0)
     ):
-        raise ValueError(f"PeerConfig.{name} must be a finite number > 0, got {value!r}")
+        raise _error(name, f"must be a finite number > 0, got {value!r}")
+
+
+def _address(name: str, address: object, what: str = "the address") -> None:
+    try:
+        check_address(address, field=what)
+    except ValueError as error:
+        raise _error(name, str(error)) from None
 
 
 @dataclass(frozen=True)
+@setting_fields
 class PeerConfig:
     """Configuration of one peer.
 
@@ -80,19 +93,13 @@ class PeerConfig:
             pair at a time, Lian et al. ICML 2018) or ``"sync"`` (D-PSGD rounds: mix
             with every neighbour, those missing the deadline masked out, Lian et al.
             NeurIPS 2017). ``None``: from ``algorithm`` (a contradiction is an error).
-        order, local_steps, aggregator, compressor, consensus_step: the algorithm's settings,
-            validated by ``gossip.GossipConfig`` exactly as the simulator validates its
-            ``[algorithm]`` table (same names). ``None`` takes the algorithm's
-            default; a setting the algorithm does not read is an error. After
-            construction they hold the resolved values (:attr:`gossip` has them all).
-            order: ``combine-then-adapt`` or ``adapt-then-combine`` (dpsgd);
-            local_steps: optimizer steps per round (>= 1 on a peer; local-sgd >= 2);
-            aggregator: a ``consensus.build`` spec (``mean``, ``trimmed-mean:b=1``; for
-            ad-psgd one that can run on the pair's 2 models); compressor: ``none``,
-            ``fp16``, ``bf16`` or ``qsgd[:bits=B]`` (choco: any compressor, ``topk`` and
-            ``randk`` too); consensus_step: CHOCO's gamma.
-        codec: the deprecated name of ``compressor`` (one release; a ``DeprecationWarning``).
-            After construction it holds the same resolved spec as ``compressor``.
+        order, local_steps, aggregator, compressor, consensus_step, ...: the algorithm's
+            settings, one keyword field per setting of ``gossip.settings.SETTINGS`` (the
+            table is docs/settings.md), validated by ``gossip.GossipConfig`` exactly as the
+            simulator validates its ``[algorithm]`` table (same names). ``None`` takes the
+            algorithm's default; a setting the algorithm does not read is an error. After
+            construction they hold the resolved values (:attr:`gossip` has them all). On a
+            peer ``local_steps`` is >= 1 (its run counts optimizer steps).
         fanout: async mode: neighbours averaged with per round. ``None``: 1, or
             :data:`CLIENT_ONLY_FANOUT` for a ``client_only`` peer (nobody calls it, so it
             averages only through its own calls; a listening peer is also called about as
@@ -111,6 +118,9 @@ class PeerConfig:
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:I`` (checked when the peer is built).
         max_concurrent_exchanges: ``/v1/exchange`` requests served at once; more get
             ``409 busy`` before their body is read (bounds incoming model buffers).
+        max_serving_share: while the peer trains, the most of its time that serving
+            neighbours' exchanges may take, in (0, 1] (``1``: no limit); past it an exchange
+            gets ``409 busy`` (``peer.transport.admission.ServingShare``).
 
     Evaluation:
         byzantine: a ``consensus.build_attack`` spec (``sign-flip``, ``gaussian:sigma=1``,
@@ -150,12 +160,6 @@ class PeerConfig:
     join_timeout_s: float = 60.0
     fetch_state: bool = True
     mode: Mode | None = None
-    order: str | None = None
-    local_steps: int | None = None
-    aggregator: str | None = None
-    compressor: str | None = None
-    codec: str | None = field(default=None, repr=False, compare=False)
-    consensus_step: float | None = None
     byzantine: str | None = None
     fanout: int | None = None
     round_deadline_s: float = 5.0
@@ -167,6 +171,7 @@ class PeerConfig:
     rank: int | None = None
     device: str = "cpu"
     max_concurrent_exchanges: int = 8
+    max_serving_share: float = DEFAULT_SERVING_SHARE
     request_timeout_s: float = 10.0
     suspect_after: int = 1
     evict_after: int = 3
@@ -184,32 +189,43 @@ class PeerConfig:
     average_buffers: bool = True
     log_dir: str | None = None
 
+    if TYPE_CHECKING:  # the settings' fields (gossip.settings.setting_fields)
+
+        def __getattr__(self, name: str) -> Any: ...
+
     def __post_init__(self) -> None:
         if not isinstance(self.peer_id, str) or SENDER_ID_PATTERN.fullmatch(self.peer_id) is None:
-            raise ValueError(
-                f"PeerConfig.peer_id must be 1-64 chars of [A-Za-z0-9._:-] starting with a "
-                f"letter or digit, got {self.peer_id!r}"
+            raise _error(
+                "peer_id",
+                "must be 1-64 chars of [A-Za-z0-9._:-] starting with a letter or digit, got "
+                f"{self.peer_id!r}",
             )
         if not isinstance(self.host, str) or not self.host:
-            raise ValueError(f"PeerConfig.host must be a non-empty host name, got {self.host!r}")
+            raise _error("host", f"must be a non-empty host name, got {self.host!r}")
         _int("port", self.port, 0, 65535)
         if self.advertise is not None:
-            check_address(self.advertise, field="PeerConfig.advertise")
+            _address("advertise", self.advertise)
         if isinstance(self.join, str) or not isinstance(self.join, tuple | list):
-            raise ValueError(
-                f"PeerConfig.join must be a list or tuple of HOST:PORT strings, got {self.join!r}"
-            )
+            raise _error("join", f"must be a list or tuple of HOST:PORT strings, got {self.join!r}")
         object.__setattr__(self, "join", tuple(self.join))
         for address in self.join:
-            check_address(address, field="PeerConfig.join entry")
+            _address("join", address, "an entry")
         _positive("join_timeout_s", self.join_timeout_s)
         self._check_algorithm()
         if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
-            raise ValueError(
-                f"PeerConfig.device: got {self.device!r}; allowed: "
-                + DEVICE_CHOICES.replace(" or ", ", ")
+            raise _error(
+                "device",
+                f"got {self.device!r}; allowed: " + DEVICE_CHOICES.replace(" or ", ", "),
             )
         _int("max_concurrent_exchanges", self.max_concurrent_exchanges, 1)
+        share = self.max_serving_share
+        if (
+            isinstance(share, bool)
+            or not isinstance(share, int | float)
+            or not (math.isfinite(share) and 0 < share <= 1)
+        ):
+            raise _error("max_serving_share", f"must be in (0, 1]; got {share!r}")
+        object.__setattr__(self, "max_serving_share", float(share))
         self._check_topology()
         self._check_fanout()
         _positive("round_deadline_s", self.round_deadline_s)
@@ -220,42 +236,46 @@ class PeerConfig:
         if self.secret is not None and (
             not isinstance(self.secret, bytes) or len(self.secret) < 16
         ):
-            raise ValueError("PeerConfig.secret must be bytes of length >= 16")
+            raise _error("secret", "must be bytes of length >= 16")
         _int("clock_window_s", self.clock_window_s, 1)
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("PeerConfig.tls_cert and PeerConfig.tls_key must be given together")
+            given = "tls_cert" if self.tls_key is None else "tls_key"
+            other = "tls_key" if given == "tls_cert" else "tls_cert"
+            raise _error(given, f"must be given together with {{{other}}}", other)
         if (
             isinstance(self.max_body_factor, bool)
             or not isinstance(self.max_body_factor, int | float)
             or not (1.0 <= self.max_body_factor <= 64.0)
         ):
-            raise ValueError(
-                f"PeerConfig.max_body_factor must be a number in [1, 64], got {self.max_body_factor!r}"
+            raise _error(
+                "max_body_factor", f"must be a number in [1, 64], got {self.max_body_factor!r}"
             )
         _int("checkpoint_every", self.checkpoint_every, 0)
         _int("keep_checkpoints", self.keep_checkpoints, 1)
         if (self.checkpoint_every or self.resume) and self.checkpoint_dir is None:
-            raise ValueError(
-                "PeerConfig.checkpoint_dir is required with checkpoint_every > 0 or resume"
+            raise _error(
+                "checkpoint_dir",
+                "is required with {checkpoint_every} > 0 or {resume}",
+                "checkpoint_every",
+                "resume",
             )
         if not isinstance(self.average_buffers, bool):
-            raise ValueError(
-                f"PeerConfig.average_buffers must be True or False, got {self.average_buffers!r}"
-            )
+            raise _error("average_buffers", f"must be True or False, got {self.average_buffers!r}")
         if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
-            raise ValueError(
-                f"PeerConfig.log_dir must be a non-empty directory path, got {self.log_dir!r}"
-            )
+            raise _error("log_dir", f"must be a non-empty directory path, got {self.log_dir!r}")
         if self.client_only and self.join == ():
-            raise ValueError("PeerConfig.join must name at least one peer when client_only is set")
+            raise _error(
+                "join", "must name at least one peer when {client_only} is set", "client_only"
+            )
 
     def _check_fanout(self) -> None:
         """``fanout`` is an async setting: resolved there, an error in sync mode."""
         if self.mode == "sync":
             if self.fanout is not None:
-                raise ValueError(
-                    f"PeerConfig.fanout: async mode only ({self.algorithm} rounds exchange with "
-                    f"every neighbour, or the topology's); got {self.fanout!r}, leave it unset"
+                raise _error(
+                    "fanout",
+                    f"async mode only ({self.algorithm} rounds exchange with every neighbour, "
+                    f"or the topology's); got {self.fanout!r}, leave it unset",
                 )
             return
         if self.fanout is None:
@@ -265,89 +285,60 @@ class PeerConfig:
     def _check_algorithm(self) -> None:
         """Resolve algorithm and mode, then the one shared validation of the settings."""
         if self.mode is not None and self.mode not in MODES:
-            raise ValueError(f"PeerConfig.mode must be one of {list(MODES)}, got {self.mode!r}")
+            raise _error("mode", f"must be one of {list(MODES)}, got {self.mode!r}")
         algorithm = self.algorithm
         if algorithm is None:
             algorithm = "dpsgd" if self.mode == "sync" else "ad-psgd"
-        elif algorithm in SIMULATOR_ONLY:
-            raise ValueError(
-                f"PeerConfig.algorithm {algorithm!r} runs only in the simulator (gossipnet "
-                f"sim) so far; a peer runs one of {list(ALGORITHMS)}"
-            )
         elif algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"PeerConfig.algorithm: unknown algorithm {algorithm!r}; allowed: "
-                + ", ".join(ALGORITHMS)
+            raise _error(
+                "algorithm",
+                f"unknown algorithm {algorithm!r}; allowed: " + ", ".join(ALGORITHMS),
             )
         if self.mode is not None and self.mode != ALGORITHMS[algorithm]:
-            raise ValueError(
-                f"PeerConfig.mode {self.mode!r} contradicts PeerConfig.algorithm {algorithm!r} "
-                f"(which runs {ALGORITHMS[algorithm]!r}); give one of them"
+            raise _error(
+                "mode",
+                f"{self.mode!r} contradicts {{algorithm}} {algorithm!r} (which runs "
+                f"{ALGORITHMS[algorithm]!r}); give one of them",
+                "algorithm",
             )
         if self.local_steps is not None:
             _int("local_steps", self.local_steps, 1)  # a peer's run counts optimizer steps
-        compressor, named = self._compressor()
         try:
             settings = GossipConfig(
-                algorithm,
-                order=self.order,
-                local_steps=self.local_steps,
-                aggregator=self.aggregator,
-                compressor=compressor,
-                consensus_step=self.consensus_step,
+                algorithm, **{name: getattr(self, name) for name in SETTING_NAMES}
             )
         except ConfigurationError as error:
-            field = named if error.field == "compressor" else error.field
-            raise ValueError(f"PeerConfig.{field}: {error.reason}") from None
+            raise _error(error.field, error.reason, *error.mentions) from None
         if self.byzantine is not None:
             self._check_byzantine(algorithm)
         if settings.needs_topology and self.topology is None:
-            raise ValueError(
-                f"PeerConfig.topology is required for {algorithm}: its mixing weights must come "
-                "from a known graph over PeerConfig.peer_list (e.g. topology='ring')"
+            raise _error(
+                "topology",
+                f"is required for {algorithm}: its mixing weights must come from a known "
+                "graph over {peer_list} (e.g. topology='ring')",
+                "peer_list",
             )
         object.__setattr__(self, "algorithm", algorithm)
         object.__setattr__(self, "mode", ALGORITHMS[algorithm])
-        for name in GOSSIP_FIELDS:
+        for name in SETTING_NAMES:
             object.__setattr__(self, name, getattr(settings, name))
-        object.__setattr__(self, "codec", settings.compressor)
         self.__dict__["_gossip"] = settings
-
-    def _compressor(self) -> tuple[str | None, str]:
-        """The compressor spec given, and the field it was given as (``codec``, the old
-        name, still works for one release)."""
-        if self.codec is None:
-            return self.compressor, "compressor"
-        if self.compressor is not None and self.compressor != self.codec:
-            raise ValueError(
-                f"PeerConfig.codec is the deprecated name of PeerConfig.compressor; give only "
-                f"compressor (got codec={self.codec!r}, compressor={self.compressor!r})"
-            )
-        if self.compressor is None:
-            warnings.warn(
-                "PeerConfig.codec is deprecated and goes away in the next release; use "
-                "PeerConfig.compressor",
-                DeprecationWarning,
-                stacklevel=5,
-            )
-        return self.codec, "codec"
 
     def _check_byzantine(self, algorithm: str) -> None:
         if not isinstance(self.byzantine, str) or not self.byzantine.strip():
-            raise ValueError(
-                f"PeerConfig.byzantine must be an attack spec (e.g. 'sign-flip'), got "
-                f"{self.byzantine!r}"
+            raise _error(
+                "byzantine", f"must be an attack spec (e.g. 'sign-flip'), got {self.byzantine!r}"
             )
         if ALGORITHMS[algorithm] != "sync":
-            raise ValueError(
-                f"PeerConfig.byzantine needs a synchronous algorithm (dpsgd, local-sgd, push-sum, "
-                f"choco), not {algorithm}: Byzantine peers are evaluated in rounds, as in the "
-                "simulator"
+            raise _error(
+                "byzantine",
+                "needs a synchronous algorithm (dpsgd, local-sgd, push-sum, choco), not "
+                f"{algorithm}: Byzantine peers are evaluated in rounds, as in the simulator",
             )
         try:
             consensus.build_attack(self.byzantine)
         except ValueError as error:
-            raise ValueError(f"PeerConfig.byzantine: {error}") from None
+            raise _error("byzantine", str(error)) from None
 
     @property
     def gossip(self) -> GossipConfig:
@@ -356,33 +347,36 @@ class PeerConfig:
 
     def _check_topology(self) -> None:
         if not isinstance(self.peer_list, tuple):
-            raise ValueError(
-                f"PeerConfig.peer_list must be a tuple of HOST:PORT, got {self.peer_list!r}"
-            )
+            raise _error("peer_list", f"must be a tuple of HOST:PORT, got {self.peer_list!r}")
         for address in self.peer_list:
-            check_address(address, field="PeerConfig.peer_list entry")
+            _address("peer_list", address, "an entry")
         if self.topology is None:
             if self.peer_list or self.rank is not None or self.topology_weights is not None:
-                raise ValueError(
-                    "PeerConfig.topology is required with peer_list, rank or topology_weights"
+                raise _error(
+                    "topology",
+                    "is required with {peer_list}, {rank} or {topology_weights}",
+                    "peer_list",
+                    "rank",
+                    "topology_weights",
                 )
             return
         if not isinstance(self.topology, str) or not self.topology:
-            raise ValueError(f"PeerConfig.topology must be a topology spec, got {self.topology!r}")
+            raise _error("topology", f"must be a topology spec, got {self.topology!r}")
         if len(self.peer_list) < 2:
-            raise ValueError(
-                "PeerConfig.peer_list must list at least 2 HOST:PORT with a topology, "
-                f"got {len(self.peer_list)}"
+            raise _error(
+                "peer_list",
+                f"must list at least 2 HOST:PORT with a topology, got {len(self.peer_list)}",
             )
         if len(set(self.peer_list)) != len(self.peer_list):
-            raise ValueError("PeerConfig.peer_list must not list an address twice")
+            raise _error("peer_list", "must not list an address twice")
         if self.rank is None:
-            raise ValueError("PeerConfig.rank is required with a topology")
+            raise _error("rank", "is required with a topology")
         _int("rank", self.rank, 0, len(self.peer_list) - 1)
         if self.client_only:
-            raise ValueError(
-                "PeerConfig.client_only cannot be combined with a topology: every rank listens "
-                "at its peer_list address"
+            raise _error(
+                "client_only",
+                "cannot be combined with a topology: every rank listens at its {peer_list} address",
+                "peer_list",
             )
         try:
             schedule = topologies.build_schedule(
@@ -392,11 +386,11 @@ class PeerConfig:
             field = (
                 "topology_weights" if getattr(error, "parameter", "") == "weights" else "topology"
             )
-            raise ValueError(f"PeerConfig.{field}: {error}") from None
+            raise _error(field, str(error)) from None
         try:
             self.gossip.check_neighbourhood(
                 topologies.smallest_neighbourhood(schedule),
                 where=f"topology {self.topology!r} on {len(self.peer_list)} peers",
             )
         except ConfigurationError as error:
-            raise ValueError(f"PeerConfig.{error.field}: {error.reason}") from None
+            raise _error(error.field, error.reason, *error.mentions) from None

@@ -1,4 +1,4 @@
-"""Neighbours from a ``topologies`` graph over a known peer list (``--topology --peers --rank``).
+"""Neighbours from a ``topologies`` graph over a known peer list (``--topology --peers-file --rank``).
 
 A swarm that knows its members up front lists them in a peer file, one
 ``HOST:PORT`` per line; rank r is line r (0-based). The topology decides, for
@@ -37,22 +37,22 @@ def read_peer_list(path: str | Path) -> tuple[str, ...]:
     try:
         text = Path(path).read_text()
     except OSError as error:
-        raise ValueError(f"--peers: cannot read {path}: {error.strerror or error}") from None
+        raise ValueError(f"--peers-file: cannot read {path}: {error.strerror or error}") from None
     addresses: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         try:
-            check_address(line, field=f"--peers {path} line {number}")
+            check_address(line, field=f"--peers-file: {path} line {number}")
         except ValueError as error:
             raise ValueError(f"{error} (each line must be HOST:PORT)") from None
         if line in addresses:
-            raise ValueError(f"--peers {path} line {number}: {line} is listed twice")
+            raise ValueError(f"--peers-file: {path} line {number}: {line} is listed twice")
         addresses.append(line)
     if len(addresses) < 2:
         raise ValueError(
-            f"--peers {path} must list at least 2 HOST:PORT lines, got {len(addresses)}"
+            f"--peers-file: {path} must list at least 2 HOST:PORT lines, got {len(addresses)}"
         )
     return tuple(addresses)
 

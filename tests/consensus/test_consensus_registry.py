@@ -54,8 +54,8 @@ def test_composition_builds_wrappers_left_to_right_and_inherits_f() -> None:
         ("krum:g=1", r"unknown parameter 'g' for krum; its parameters: f=1, n=none"),
         ("mean:b=1", "unknown parameter 'b' for mean; its parameters: none"),
         ("krum:f=two", "krum: parameter f must be an integer, got 'two'"),
-        ("krum:f", "krum: expected key=value, got 'f'"),
-        ("krum:f=1,f=2", "krum: parameter f given twice"),
+        ("krum:f", "aggregator spec 'krum:f': parameter 'f' is not KEY=VALUE"),
+        ("krum:f=1,f=2", "aggregator spec 'krum:f=1,f=2': parameter 'f' is given twice"),
         ("krum:f=-1", "krum: parameter f must be an integer >= 0, got -1"),
         ("clipped-gossip:tau=big", "clipped-gossip: parameter tau must be a number or auto"),
         ("clipped-gossip:tau=-1", "clipped-gossip: parameter tau must be >= 0"),
@@ -63,8 +63,8 @@ def test_composition_builds_wrappers_left_to_right_and_inherits_f() -> None:
         ("bucketing:s=0+median", "bucketing: parameter s must be an integer >= 1, got 0"),
         ("bucketing:s=2", "bucketing is a wrapper and needs a rule after it"),
         ("median+krum", "median is a rule, not a wrapper; only bucketing, nnm may come before"),
-        ("", "aggregator spec must be a non-empty string"),
-        ("mean+", "unknown aggregator ''"),
+        ("", "aggregator spec '': must be NAME or NAME:KEY=VALUE,...; got no NAME"),
+        ("mean+", "aggregator spec 'mean+': component '': must be NAME or NAME:KEY=VALUE"),
     ],
 )
 def test_bad_specs_raise_one_clear_error(spec: str, message: str) -> None:

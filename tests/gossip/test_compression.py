@@ -453,10 +453,14 @@ def test_registry_lists_every_codec_and_specs_round_trip() -> None:
         ("topk:ratio=abc", "parameter 'ratio' must be float"),
         ("qsgd:bits=3", "bits must be one of (2, 4, 8)"),
         ("qsgd:block=0", "block must be an int >= 1"),
-        ("qsgd:bits", "must look like key=value"),
+        ("qsgd:bits", "compressor spec 'qsgd:bits': parameter 'bits' is not KEY=VALUE"),
         ("fp16:feedback=maybe", "parameter 'feedback' must be bool"),
         ("none:feedback=true", "has no parameter 'feedback'"),
-        ("", "non-empty string"),
+        ("", "compressor spec '': must be NAME or NAME:KEY=VALUE,...; got no NAME"),
+        (
+            "qsgd:bits=4,bits=8",
+            "compressor spec 'qsgd:bits=4,bits=8': parameter 'bits' is given twice",
+        ),
     ],
 )
 def test_bad_specs_raise_clear_errors(spec: str, message: str) -> None:

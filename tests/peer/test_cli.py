@@ -156,19 +156,41 @@ def test_bad_arguments_exit_2_with_one_clear_line(args: list[str], message: str)
     assert len(lines) == 1, lines  # one line, no usage block before it
 
 
-@pytest.mark.parametrize("old", ["--compress", "--codec"])
-def test_a_renamed_flag_still_works_and_says_so_in_one_line(old: str) -> None:
+@pytest.mark.parametrize("old", ["--compress", "--codec", "--peers"])
+def test_the_old_names_of_renamed_flags_are_refused_in_one_line(old: str) -> None:
+    """The unreleased 0.1.0's renamed flags are gone, and not taken as abbreviations of
+    their new names (``--compress`` of ``--compressor``, ``--peers`` of ``--peers-file``)."""
     result = subprocess.run(
-        gossipnet("--id", "a", old, "randk", *WORKLOAD),
+        gossipnet("--id", "a", old, "fp16", *WORKLOAD),
         capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"gossipnet peer: warning: {old} is deprecated and goes away in the next release; use "
-        "--compressor",
-        "gossipnet peer: error: --compressor: randk drops most coordinates of the model ad-psgd "
-        "sends, which the receiver then mixes in as zeros; use none, fp16, bf16, qsgd, or "
-        "choco, which sends compressed differences",
+        f"gossipnet peer: error: unrecognized arguments: {old} fp16"
+    ]
+
+
+def test_the_serving_share_reaches_the_config_and_a_bad_one_is_named_by_its_flag() -> None:
+    from peer.app.cli import parse_peer_args
+    from peer.app.usage import UsageError
+
+    _, default = parse_peer_args(["--id", "a", *WORKLOAD])
+    assert default.max_serving_share == 0.5
+    _, config = parse_peer_args(["--id", "a", "--max-serving-share", "0.25", *WORKLOAD])
+    assert config.max_serving_share == 0.25
+    with pytest.raises(UsageError) as caught:
+        parse_peer_args(["--id", "a", "--max-serving-share", "0", *WORKLOAD], raise_errors=True)
+    assert str(caught.value) == "--max-serving-share: must be in (0, 1]; got 0.0"
+
+
+def test_a_bad_setting_is_named_by_its_flag() -> None:
+    result = subprocess.run(
+        gossipnet("--id", "a", "--algorithm", "choco", "--consensus-step", "2", *WORKLOAD),
+        capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gossipnet peer: error: --consensus-step: must be in (0, 1]; got 2.0"
     ]
 
 
@@ -378,16 +400,18 @@ def test_every_peer_config_field_has_a_flag() -> None:
     field), or by the network flags and ``--mode``/``--secret-file``, which build it."""
     import dataclasses
 
-    from peer.app.cli import CONFIG_FIELDS, FLAG_NAMES, _parser
+    from gossip.settings import SETTING_NAMES
+    from peer.app.cli import CONFIG_FIELDS, _parser
     from peer.node.config import PeerConfig
 
-    built = {"host", "port", "advertise", "join", "peer_list", "mode", "secret", "codec"}
+    built = {"host", "port", "advertise", "join", "peer_list", "secret"}
     fields = {field.name for field in dataclasses.fields(PeerConfig)}
     assert fields - built == set(CONFIG_FIELDS)
+    assert set(SETTING_NAMES) <= set(CONFIG_FIELDS)
     flags = {flag for action in _parser("p")._actions for flag in action.option_strings}
     negated = {"fetch_state", "average_buffers"}  # --no-fetch-state, --no-average-buffers
     for name in CONFIG_FIELDS:
-        flag = FLAG_NAMES.get(
+        flag = {"peer_id": "--id"}.get(
             name, "--" + ("no-" if name in negated else "") + name.replace("_", "-")
         )
         assert flag in flags, name

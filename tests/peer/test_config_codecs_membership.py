@@ -8,6 +8,7 @@ import msgpack
 import pytest
 import torch
 
+from gossip.settings import ConfigurationError
 from peer.node.config import PeerConfig
 from peer.node.membership import Membership, check_address, view_entry
 from peer.protocol import codecs, wire
@@ -19,39 +20,62 @@ from peer.protocol.errors import (
     ShapeMismatch,
     UnknownCodec,
 )
+from peer.transport.admission import DEFAULT_SERVING_SHARE
 
 from .conftest import started_peer
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "message"),
+    ("field", "value", "refused", "message"),
     [
-        ("peer_id", "", "peer_id"),
-        ("port", 70000, "port"),
-        ("mode", "gossip", r"mode must be one of \['async', 'sync'\]"),
-        ("order", "random", "order"),
+        ("peer_id", "", "peer_id", "peer_id"),
+        ("port", 70000, "port", "port"),
+        ("mode", "gossip", "mode", r"mode: must be one of \['async', 'sync'\]"),
+        ("order", "random", "order", "order"),
         (
             "compressor",
             "topk:ratio=0.1",
+            "compressor",
             r"compressor: topk drops most coordinates .* none, fp16, bf16, qsgd",
         ),
-        ("fanout", 0, "fanout"),
-        ("local_steps", 0, "local_steps"),
-        ("round_deadline_s", 0, "round_deadline_s"),
-        ("request_timeout_s", float("nan"), "request_timeout_s"),
-        ("evict_after", 0, "evict_after"),
-        ("join", ("nohost",), "join entry must be HOST:PORT"),
-        ("join", "127.0.0.1:1", "join must be a list or tuple"),
-        ("secret", b"short", "secret"),
-        ("max_body_factor", 0.5, "max_body_factor"),
-        ("checkpoint_every", 5, "checkpoint_dir is required"),
-        ("tls_cert", "cert.pem", "tls_cert and PeerConfig.tls_key"),
-        ("client_only", True, "join must name at least one peer"),
+        ("fanout", 0, "fanout", "fanout"),
+        ("local_steps", 0, "local_steps", "local_steps"),
+        ("round_deadline_s", 0, "round_deadline_s", "round_deadline_s"),
+        ("request_timeout_s", float("nan"), "request_timeout_s", "request_timeout_s"),
+        ("evict_after", 0, "evict_after", "evict_after"),
+        ("join", ("nohost",), "join", "join: an entry must be HOST:PORT"),
+        ("join", "127.0.0.1:1", "join", "join: must be a list or tuple"),
+        ("secret", b"short", "secret", "secret"),
+        ("max_body_factor", 0.5, "max_body_factor", "max_body_factor"),
+        ("max_serving_share", 0, "max_serving_share", r"max_serving_share: must be in \(0, 1\]"),
+        ("max_serving_share", 1.5, "max_serving_share", r"must be in \(0, 1\]; got 1.5"),
+        ("checkpoint_every", 5, "checkpoint_dir", "checkpoint_dir: is required"),
+        (
+            "tls_cert",
+            "cert.pem",
+            "tls_cert",
+            "tls_cert: must be given together with PeerConfig.tls_key",
+        ),
+        ("client_only", True, "join", "join: must name at least one peer"),
     ],
 )
-def test_config_errors_name_the_field(field: str, value: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_config_errors_name_the_field(
+    field: str, value: object, refused: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
         PeerConfig(**{"peer_id": "a", field: value})  # type: ignore[arg-type]
+    assert caught.value.field == refused
+    assert str(caught.value).startswith(f"PeerConfig.{refused}: ")
+
+
+def test_the_serving_share_is_a_config_field_with_the_servers_default() -> None:
+    assert PeerConfig(peer_id="a").max_serving_share == DEFAULT_SERVING_SHARE == 0.5
+    assert PeerConfig(peer_id="a", max_serving_share=1).max_serving_share == 1.0
+
+
+def test_the_deprecated_codec_field_is_gone() -> None:
+    with pytest.raises(TypeError, match="codec"):
+        PeerConfig(peer_id="a", codec="fp16")  # type: ignore[call-arg]
 
 
 def test_a_client_only_peer_calls_two_neighbours_a_round_unless_told() -> None:
@@ -77,7 +101,7 @@ def test_config_join_accepts_a_list_and_keeps_a_tuple() -> None:
 
 def test_config_defaults_are_valid() -> None:
     config = PeerConfig(peer_id="edge-1.example:7")
-    assert config.mode == "async" and config.codec == "none" and config.aggregator == "mean"
+    assert config.mode == "async" and config.compressor == "none" and config.aggregator == "mean"
     assert "xxxxxxxx" not in repr(PeerConfig(peer_id="a", secret=b"x" * 16))
 
 
@@ -111,7 +135,7 @@ def test_codecs_round_trip_through_msgpack(spec: str) -> None:
 
 def test_sparse_codecs_are_built_and_decoded_the_configuration_decides_who_may_send_them() -> None:
     """Every gossip codec can be sent and received; that a sparsifier must not carry a
-    model is GossipConfig's rule (PeerConfig's ``codec`` case above), not the codec's."""
+    model is GossipConfig's rule (PeerConfig's ``compressor`` case above), not the codec's."""
     codec = codecs.build_codec("topk:ratio=0.01")
     x = torch.randn(300)
     decoded = codecs.receiving_codecs()["topk"].decode(

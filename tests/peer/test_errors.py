@@ -167,16 +167,25 @@ def test_the_open_swarm_warning_is_printed_once() -> None:
     assert result.stderr.count("NO SWARM SECRET") == 1, result.stderr
 
 
-@pytest.mark.parametrize(("old", "new"), [("--peers", "--peers-file")])
-def test_the_old_name_of_the_peer_file_still_works(tmp_path: Path, old: str, new: str) -> None:
+def test_the_peer_file_is_named_by_its_flag(tmp_path: Path) -> None:
     peers = tmp_path / "peers.txt"
     peers.write_text("127.0.0.1:7001\n")
-    result = gossipnet("peer", "--id", "a", "--topology", "ring", old, str(peers), "--rank", "0")
+    result = gossipnet(
+        "peer", "--id", "a", "--topology", "ring", "--peers-file", str(peers), "--rank", "0"
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"gossipnet peer: warning: {old} is deprecated and goes away in the next release; use "
-        f"{new}",
-        f"gossipnet peer: error: {new}: {peers} must list at least 2 HOST:PORT lines, got 1",
+        f"gossipnet peer: error: --peers-file: {peers} must list at least 2 HOST:PORT lines, got 1",
+    ]
+
+
+def test_the_old_name_of_the_peer_file_is_refused(tmp_path: Path) -> None:
+    peers = tmp_path / "peers.txt"
+    peers.write_text("127.0.0.1:7001\n127.0.0.1:7002\n")
+    result = gossipnet("peer", "--id", "a", "--topology", "ring", "--peers", str(peers))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gossipnet peer: error: unrecognized arguments: --peers {peers}"
     ]
 
 

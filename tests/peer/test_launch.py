@@ -138,6 +138,17 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
     assert "failed" not in err
 
 
+def test_the_old_compress_flag_of_launch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from gossipnet.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--compress", "fp16"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gossipnet launch: error: unrecognized arguments: --compress fp16"
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -198,6 +209,14 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
             "without --topology",
         ),
         (["launch", "--peers", "3", "--topology", "hypercube"], "--topology: "),
+        (
+            ["launch", "--max-serving-share", "2"],
+            "gossipnet launch: error: --max-serving-share: must be in (0, 1]; got 2.0",
+        ),
+        (
+            ["launch", "--algorithm", "choco", "--topology", "ring", "--consensus-step", "0"],
+            "gossipnet launch: error: --consensus-step: must be in (0, 1]; got 0.0",
+        ),
         (["demo", "--peers", "x"], "--peers: invalid int value: 'x'"),
         (["status"], "the following arguments are required: URL"),
         (
