@@ -11,7 +11,7 @@ from consensus.mean import WeightedMean
 from consensus.order_statistics import CoordinateWiseMedian, TrimmedMean
 from consensus.registry import Entry, Parameter, describe, parse_component
 from consensus.wrappers import Bucketing, NearestNeighbourMixing
-from spec_grammar import SpecError
+from topologies.spec_grammar import SpecError
 
 _N = Parameter("n", "int|none", None, "expected n (own + neighbours) to check the bound up front")
 _F = Parameter("f", "int", 1, "number of Byzantine neighbours tolerated")

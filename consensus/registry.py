@@ -3,7 +3,7 @@
 Spec grammar::
 
     spec      := component ("+" component)*       # wrappers first, one rule last
-    component := NAME [":" KEY "=" VALUE ("," KEY "=" VALUE)*]   # spec_grammar's
+    component := NAME [":" KEY "=" VALUE ("," KEY "=" VALUE)*]   # topologies.spec_grammar's
 
 Examples: ``mean``, ``trimmed-mean:b=2``, ``krum:f=2,n=8``,
 ``clipped-gossip:tau=auto``, ``bucketing:s=2+median``, ``nnm+krum:f=1``.
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spec_grammar import parse_spec
+from topologies.spec_grammar import parse_spec
 
 NONE_WORDS = ("none", "null")
 
@@ -94,8 +94,8 @@ class Entry:
 def parse_component(
     text: str, registry: Mapping[str, Entry], what: str
 ) -> tuple[Entry, dict[str, Any]]:
-    """``name:key=value,...`` (:func:`spec_grammar.parse_spec`) -> (entry, parsed keyword
-    arguments given explicitly); a :class:`spec_grammar.SpecError` for a malformed one."""
+    """``name:key=value,...`` (:func:`topologies.spec_grammar.parse_spec`) -> (entry, parsed keyword
+    arguments given explicitly); a :class:`topologies.spec_grammar.SpecError` for a malformed one."""
     name, texts = parse_spec(text, what)
     if name not in registry:
         raise ValueError(f"unknown {what} {name!r}; choices: {', '.join(registry)}")

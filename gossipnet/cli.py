@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-OWN_PACKAGES = ("spec_grammar", "topologies", "workloads", "consensus", "gossip", "sim", "peer")
+OWN_PACKAGES = ("topologies", "workloads", "consensus", "gossip", "sim", "peer")
 """The top-level import packages this distribution installs next to ``gossipnet``."""
 
 

@@ -110,9 +110,9 @@ from sim.algorithms import (
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
 from sim.paths import resolve_experiment_paths
-from spec_grammar import SpecError, parse_spec
 from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
+from topologies.spec_grammar import SpecError, parse_spec
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
 from workloads.partition import label_sets_from_spec, parse_id_set
 
@@ -183,7 +183,7 @@ LABEL_SETS = "label-sets"
 
 
 def _partition_name(spec: str) -> tuple[str, dict[str, str]]:
-    """(name, parameters) of a partition spec string (:func:`spec_grammar.parse_spec`)."""
+    """(name, parameters) of a partition spec string (:func:`topologies.spec_grammar.parse_spec`)."""
     try:
         return parse_spec(spec, "partition")
     except SpecError as error:

@@ -1,5 +1,5 @@
 """Topology spec strings, one grammar for both runners: ``NAME[:KEY=VALUE[,KEY=VALUE...]]``
-(:mod:`spec_grammar`, the grammar of every registry's specs).
+(:mod:`topologies.spec_grammar`, the grammar of every registry's specs).
 
 ``"random-regular:degree=4,seed=1"`` names a static graph of :data:`topologies.TOPOLOGIES`
 with builder parameters; ``"random-k-out:k=2"`` names a time-varying schedule of
@@ -19,12 +19,12 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spec_grammar import SpecError
-from spec_grammar import parse_spec as parse_grammar
 from topologies.errors import TopologyError
 from topologies.mixing import mixing_matrix
 from topologies.registry import TOPOLOGIES, build
 from topologies.schedules import OnePeerExponential, RandomKOut, RandomMatching, Schedule, Static
+from topologies.spec_grammar import SpecError
+from topologies.spec_grammar import parse_spec as parse_grammar
 
 #: A parsed parameter value: the text converted to int if it is one, else float, else kept.
 Value = int | float | str
@@ -137,7 +137,7 @@ def _check(name: str, params: Mapping[str, object], spec: str) -> None:
 def parse_spec(spec: str) -> tuple[str, dict[str, Value]]:
     """Split ``NAME[:KEY=VALUE,...]`` into the canonical name and its parameters.
 
-    The grammar is :func:`spec_grammar.parse_spec`'s (the name is matched ignoring case
+    The grammar is :func:`topologies.spec_grammar.parse_spec`'s (the name is matched ignoring case
     and ``_`` vs ``-``); each VALUE becomes an int if it reads as one, else a float, else
     stays a string. Raises :class:`TopologyError` (a ``ValueError``) naming the spec for:
     a spec the grammar refuses, an unknown name (listing every name), a parameter the name

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from spec_grammar import parse_spec as parse_grammar
+from topologies.spec_grammar import parse_spec as parse_grammar
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ class Entry(Generic[T]):
 
 def parse_spec(spec: str, what: str) -> tuple[str, dict[str, str]]:
     """Split ``name:key=value,key=value`` into the name and a dict of string values, by the
-    one grammar of :func:`spec_grammar.parse_spec` (a ``SpecError`` for a malformed spec)."""
+    one grammar of :func:`topologies.spec_grammar.parse_spec` (a ``SpecError`` for a malformed spec)."""
     return parse_grammar(spec, what)
 
 

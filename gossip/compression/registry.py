@@ -20,7 +20,7 @@ from gossip.compression.feedback import ErrorFeedback
 from gossip.compression.quantization import StochasticQuantization
 from gossip.compression.sparse import RandomK, TopK
 from gossip.compression.wire_dtypes import read_field
-from spec_grammar import parse_spec
+from topologies.spec_grammar import parse_spec
 
 __all__ = ["COMPRESSORS", "CompressorInfo", "build_compressor", "decode"]
 
@@ -93,7 +93,7 @@ def _convert(name: str, key: str, kind: type, text: str) -> Any:
 def build_compressor(spec: str) -> Compressor:
     """Build a compressor from ``name[:key=value,...]``, e.g. ``"topk:ratio=0.01,feedback=true"``.
 
-    The grammar is :func:`spec_grammar.parse_spec`'s (a malformed spec raises its
+    The grammar is :func:`topologies.spec_grammar.parse_spec`'s (a malformed spec raises its
     ``SpecError``); unknown names or parameters raise ``ValueError`` listing the choices.
     """
     name, texts = parse_spec(spec, "compressor")

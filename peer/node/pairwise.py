@@ -31,7 +31,7 @@ from peer.protocol.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.protocol.growing import GrowingBuffer, fill_in_thread
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import Envelope
-from peer.transport.admission import DEFAULT_SERVING_SHARE, ServingShare
+from peer.transport.admission import ServingShare
 from peer.transport.body import ArenaPool
 from peer.transport.client import PeerUnavailable, RemoteRefused
 
@@ -56,7 +56,7 @@ class PairwiseExchange:
         self.pairwise_rule = PairwiseGossip(ctx.algorithm.aggregator)
         """AD-PSGD's halves (gossip.pairwise); the codec is the wire's (``ctx.codec``)."""
         self.serving_share: ServingShare | None = ServingShare(
-            DEFAULT_SERVING_SHARE, ctx.trainer.training
+            ctx.config.max_serving_share, ctx.trainer.training
         )
         """While this peer trains, serving neighbours' exchanges takes at most this share of
         its time (a sync round serves each neighbour once per round by design)."""

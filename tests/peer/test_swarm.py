@@ -278,3 +278,27 @@ async def test_a_busy_neighbours_place_goes_to_the_next_one_in_the_round() -> No
         assert any(refused == BUSY_RETRIES + 1 for _, refused in rounds), rounds  # the bound
         assert sum(p.serving_share.refused for p in full) == calls("busy")  # type: ignore[union-attr]
         assert calls("failed") == 0
+
+
+async def test_max_serving_share_is_the_bound_the_server_keeps() -> None:
+    """A neighbour that has served 95 % of its window answers busy under the default share
+    (0.5) and still serves under ``max_serving_share=1`` (no bound)."""
+    async with AsyncExitStack() as stack:
+        done = {}
+        for name, share in (("bounded", None), ("unbounded", 1.0)):
+            options = {} if share is None else {"max_serving_share": share}
+            server = await stack.enter_async_context(started_peer(name, seed=0, **options))
+            edge = await stack.enter_async_context(
+                started_peer(
+                    f"edge-{name}",
+                    seed=9,
+                    client_only=True,
+                    join=(server.address,),
+                    fetch_state=False,
+                )
+            )
+            assert server.serving_share is not None
+            assert server.serving_share.max_share == (0.5 if share is None else share)
+            _serving_share_spent(server)
+            done[name] = (await edge.gossip(), server.serving_share.refused)
+        assert done == {"bounded": (0, 1), "unbounded": (1, 0)}, done

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import consensus
 import topologies
 from gossip.compression import build_compressor
-from spec_grammar import SpecError, parse_spec
+from topologies.spec_grammar import SpecError, parse_spec
 from workloads import check_dataset_spec, check_model_spec, check_partition_spec
 
 

@@ -21,7 +21,9 @@ Every error is a :class:`SpecError` (a ``ValueError``) whose message names the r
 the whole spec: ``topology spec 'ring:k': parameter 'k' is not KEY=VALUE``. Registries add
 their own checks of the name and the parameters on top.
 
-This package imports nothing of ours, so every other package may use it.
+It lives in ``topologies`` (whose specs it began with) and imports nothing, not even the rest
+of ``topologies``; ``workloads`` and ``consensus``, which import nothing else of ours, may
+import it (the import-linter contracts allow exactly this module).
 
 >>> parse_spec("Random_Regular: degree = 4, seed=1", "topology")
 ('random-regular', {'degree': '4', 'seed': '1'})
