@@ -401,14 +401,14 @@ def test_every_peer_config_field_has_a_flag() -> None:
     import dataclasses
 
     from gossip.settings import SETTING_NAMES
-    from peer.app.cli import CONFIG_FIELDS, _parser
+    from peer.app.peer_flags import CONFIG_FIELDS, peer_parser
     from peer.node.config import PeerConfig
 
     built = {"host", "port", "advertise", "join", "peer_list", "secret"}
     fields = {field.name for field in dataclasses.fields(PeerConfig)}
     assert fields - built == set(CONFIG_FIELDS)
     assert set(SETTING_NAMES) <= set(CONFIG_FIELDS)
-    flags = {flag for action in _parser("p")._actions for flag in action.option_strings}
+    flags = {flag for action in peer_parser("p")._actions for flag in action.option_strings}
     negated = {"fetch_state", "average_buffers"}  # --no-fetch-state, --no-average-buffers
     for name in CONFIG_FIELDS:
         flag = {"peer_id": "--id"}.get(

@@ -1,0 +1,213 @@
+"""The flags of ``gossipnet peer``: :func:`peer_parser` (every :class:`~peer.node.config.PeerConfig`
+field has one flag, ``round_deadline_s`` -> ``--round-deadline-s``; the algorithm settings'
+flags come from :data:`gossip.settings.SETTINGS`), and which config fields the flags set
+(:data:`CONFIG_FIELDS`). :mod:`peer.app.cli` checks them and runs the peer."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from peer.app.usage import (
+    OneLineParser,
+    add_setting_flags,
+)
+from peer.node.config import ALGORITHMS, MODES, PeerConfig
+from peer.node.topology import topology_names
+
+__all__ = ["CONFIG_FIELDS", "DEFAULT_DATASET", "NETWORK_FIELDS", "USER_CODE", "peer_parser"]
+
+DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
+USER_CODE = "or your own MODULE:FACTORY (mymodel.py:MyNet, mypkg.models:make_net)"
+
+
+def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
+    parser = OneLineParser(
+        prog=prog,
+        usage="%(prog)s --id ID [--port PORT] [--join HOST:PORT] [--steps N] [options]",
+        description=(
+            "Run one gossip-training peer: listen, join a swarm, train a model on this peer's "
+            "shard, and average it with neighbours (async AD-PSGD or sync D-PSGD rounds)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "The swarm secret comes from --secret-file or GOSSIPNET_SECRET; without one the "
+            "swarm is open (a loud warning). Protocol: docs/protocol.md."
+        ),
+        raise_errors=raise_errors,
+    )
+    peer = parser.add_argument_group("peer (PeerConfig)")
+    peer.add_argument("--id", dest="peer_id", required=True, help="peer id, [A-Za-z0-9._:-]{1,64}")
+    peer.add_argument("--host", help="listen address (default 127.0.0.1)")
+    peer.add_argument("--port", type=int, help="listen port, 0 = ephemeral (default)")
+    peer.add_argument("--advertise", metavar="HOST:PORT", help="address others should call")
+    peer.add_argument("--client-only", action="store_true", help="never listen; needs --join")
+    peer.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="bootstrap peer (repeatable)",
+    )
+    peer.add_argument(
+        "--join-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="keep retrying --join addresses with backoff this long (default 60)",
+    )
+    peer.add_argument(
+        "--no-fetch-state",
+        dest="fetch_state",
+        action="store_false",
+        help="keep our own initial model instead of copying the bootstrap peer's",
+    )
+    peer.add_argument(
+        "--algorithm",
+        help=f"one of {', '.join(ALGORITHMS)} (default ad-psgd, or from --mode); sets --mode",
+    )
+    peer.add_argument("--mode", choices=MODES, help="async (ad-psgd, default) or sync (dpsgd)")
+    add_setting_flags(peer)
+    peer.add_argument(
+        "--byzantine",
+        metavar="ATTACK",
+        help="evaluation only: act as a Byzantine member that sends this consensus attack "
+        "(sign-flip, gaussian:sigma=1, alie, ...; see gossipnet consensus) instead of its "
+        "messages; sync algorithms only",
+    )
+    peer.add_argument(
+        "--fanout",
+        type=int,
+        default=None,
+        help="async: neighbours averaged with per round (default 1, and 2 for a "
+        "--client-only peer, which nobody calls); a neighbour that answers busy gives its "
+        "place to another, at most 2 a round",
+    )
+    peer.add_argument("--round-deadline-s", type=float, default=5.0, help="sync: round deadline")
+    peer.add_argument("--seed", type=int, default=0)
+    peer.add_argument(
+        "--topology",
+        help="neighbours from a graph over --peers-file: " + ", ".join(topology_names()),
+    )
+    peer.add_argument(
+        "--topology-weights", help="metropolis (default, undirected), max-degree, lazy, uniform"
+    )
+    peer.add_argument(
+        "--peers-file",
+        metavar="FILE",
+        help="with --topology: every peer's HOST:PORT, one a line (rank r = line r)",
+    )
+    peer.add_argument("--rank", type=int, help="with --topology: this peer's line in --peers-file")
+    peer.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:INDEX (default cpu)")
+    peer.add_argument(
+        "--max-concurrent-exchanges",
+        type=int,
+        default=8,
+        help="exchanges served at once, more get 409 busy (default 8)",
+    )
+    peer.add_argument(
+        "--max-serving-share",
+        type=float,
+        default=PeerConfig.max_serving_share,
+        metavar="SHARE",
+        help="while training, the most of this peer's time that serving neighbours' "
+        "exchanges may take, in (0, 1]; past it they get 409 busy "
+        f"(default {PeerConfig.max_serving_share:g}; 1: no limit)",
+    )
+    peer.add_argument("--request-timeout-s", type=float, default=10.0)
+    peer.add_argument("--suspect-after", type=int, default=1)
+    peer.add_argument("--evict-after", type=int, default=3)
+    peer.add_argument("--secret-file", help="file holding the swarm secret (>= 16 bytes)")
+    peer.add_argument("--clock-window-s", type=int, default=60)
+    peer.add_argument("--tls-cert")
+    peer.add_argument("--tls-key")
+    peer.add_argument("--tls-ca")
+    peer.add_argument("--max-body-factor", type=float, default=2.0)
+    peer.add_argument("--checkpoint-dir")
+    peer.add_argument("--checkpoint-every", type=int, default=0, help="steps, 0 = only at stop")
+    peer.add_argument("--keep-checkpoints", type=int, default=3)
+    peer.add_argument(
+        "--resume", action="store_true", help="start from the newest valid checkpoint"
+    )
+    peer.add_argument(
+        "--no-average-buffers",
+        dest="average_buffers",
+        action="store_false",
+        help="keep this peer's model buffers (BatchNorm running statistics) its own instead "
+        "of mixing them with the parameters; the peer warns at start if the model has any",
+    )
+    work = parser.add_argument_group("workload")
+    work.add_argument(
+        "--dataset",
+        default=DEFAULT_DATASET,
+        help=f"workloads spec (mnist1d, synthetic:...), FILE.npz, {USER_CODE}; "
+        f"default {DEFAULT_DATASET}",
+    )
+    work.add_argument("--partition", default="iid", help="iid, dirichlet:alpha=0.5, shards:...")
+    work.add_argument("--num-peers", type=int, default=1, help="shards the data is split into")
+    work.add_argument("--peer-index", type=int, default=0, help="this peer's shard, 0-based")
+    work.add_argument(
+        "--model", default="mlp", help=f"workloads model spec (default mlp), {USER_CODE}"
+    )
+    work.add_argument("--batch-size", type=int, default=32)
+    work.add_argument("--lr", type=float, default=0.05)
+    work.add_argument("--momentum", type=float, default=0.9)
+    run = parser.add_argument_group("run")
+    run.add_argument("--steps", type=int, default=0, help="optimizer steps, 0 = until a signal")
+    run.add_argument("--status-every", type=int, default=50, help="steps between status lines")
+    run.add_argument("--address-file", help="write HOST:PORT here once listening (for scripts)")
+    run.add_argument(
+        "--hold",
+        action="store_true",
+        help="after --steps, keep serving neighbours (not training) until SIGTERM/SIGINT",
+    )
+    run.add_argument(
+        "--wait-for-peers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="before training, wait (up to 60 s) until K other peers are alive",
+    )
+    run.add_argument(
+        "--eval-out",
+        metavar="FILE",
+        help="at the end, write the test loss and accuracy as JSON to FILE",
+    )
+    run.add_argument(
+        "--save-model",
+        metavar="FILE",
+        help="write the trained model as safetensors + JSON at the end, see docs/models.md",
+    )
+    run.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="training record in DIR: metrics.csv (step, loss, accuracy, bytes, exchanges) "
+        "and TensorBoard event files (tensorboard --logdir DIR), a row per status line and "
+        "at the end; MLflow too if installed and MLFLOW_TRACKING_URI is set. Needs "
+        "pip install 'gossipnet[logging]'",
+    )
+    run.add_argument(
+        "--progress",
+        choices=("auto", "live", "lines"),
+        default="auto",
+        help="live: one rich line on stderr; lines: JSON lines on stdout; auto: live on a TTY",
+    )
+    run.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default="WARNING",
+        help="logging to stderr (default WARNING); DEBUG also shows tracebacks",
+    )
+    run.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    run.add_argument("-v", "--verbose", action="store_true", help="same as --log-level INFO")
+    return parser
+
+
+NETWORK_FIELDS = ("host", "port", "advertise", "join", "peer_list")
+"""PeerConfig fields that `gossipnet peer` works out from several flags (``peer.app.cli``)."""
+CONFIG_FIELDS = tuple(
+    item.name for item in fields(PeerConfig) if item.name not in (*NETWORK_FIELDS, "secret")
+)
+"""PeerConfig fields set by the flag of the same name (``peer_id`` by ``--id``; the
+secret is read from ``--secret-file`` by the peer)."""
