@@ -242,9 +242,10 @@ async def test_checkpoints_remember_the_members(tmp_path: Path) -> None:
     loaded = ckpt.load_latest(tmp_path / "a")
     assert loaded is not None
     assert json.loads(loaded.metadata["members"]) == [{"id": "b", "address": b.address}]
-    resumed = peer_of(make_model(0), 0, checkpoint_dir=str(tmp_path / "a"), resume=True)
-    resumed._resume()
-    assert resumed.remembered_members == (b.address,)
+    # b is gone: the resumed peer tries its remembered member once and starts alone
+    async with started_peer("a", checkpoint_dir=str(tmp_path / "a"), resume=True) as resumed:
+        assert resumed.resumed_from == loaded.path
+        assert resumed.remembered_members == (b.address,)
 
 
 async def test_resume_without_a_checkpoint_says_so(
