@@ -1,4 +1,5 @@
-"""Shared test settings: deterministic hypothesis profile, seeded torch, and the xdist groups.
+"""Shared test settings: deterministic hypothesis profile, seeded torch, one data set cache,
+and the xdist groups.
 
 ``make test`` runs pytest with ``-n 2 --dist loadgroup``: tests are handed to the two workers
 one by one, whatever file they are in, so both stay busy to the end. Tests must therefore not
@@ -10,6 +11,7 @@ The only exception is :data:`SHARED_SETUP`: modules whose tests share one expens
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.relative_to(root).as_posix()
         if module in SHARED_SETUP:
             item.add_marker(pytest.mark.xdist_group(module))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Generated data sets (MNIST-1D) go to one temporary folder for the whole run, never to
+    the user's ~/.cache; CLI subprocesses and notebook kernels inherit it through
+    ``GOSSIPNET_CACHE``. The xdist workers of one run share it (they sit side by side under
+    the run's base temporary folder): a data set is generated once per run, and the cache's
+    atomic writes make two workers generating the same one at once harmless."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / "gossipnet-cache"
+    folder.mkdir(exist_ok=True)
+    previous = os.environ.get("GOSSIPNET_CACHE")
+    os.environ["GOSSIPNET_CACHE"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("GOSSIPNET_CACHE", None)
+    else:
+        os.environ["GOSSIPNET_CACHE"] = previous
 
 
 @pytest.fixture(autouse=True)
