@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Generated data sets (MNIST-1D) go to one temporary folder for the whole run, never to
     the user's ~/.cache; CLI subprocesses and notebook kernels inherit it through
     ``GOSSIPNET_CACHE``. The xdist workers of one run share it (they sit side by side under
