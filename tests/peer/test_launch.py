@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One MNIST-1D cache for the module (the launcher generates it, peers read it)."""
-    return str(tmp_path_factory.mktemp("gossipnet-cache"))
+@pytest.fixture
+def cache(dataset_cache: Path) -> str:
+    """The run's MNIST-1D cache (tests/conftest.py): the launcher generates a data set once,
+    its peers and later launches read it."""
+    return str(dataset_cache)
 
 
 def gossipnet(*args: str) -> list[str]:

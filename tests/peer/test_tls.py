@@ -61,7 +61,11 @@ async def test_untrusted_certificate_is_refused(
     cert, key = certificate
     other_ca, _ = make_certificate(tmp_path)
     async with started_peer("a", tls_cert=cert, tls_key=key) as a:
+        # an unverifiable certificate fails every join attempt alike: a short join_timeout_s
+        # ends the retries soon (the default, 60 s, would only wait longer for the same error)
         with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
-            async with started_peer("b", client_only=True, join=(a.address,), tls_ca=other_ca):
+            async with started_peer(
+                "b", client_only=True, join=(a.address,), tls_ca=other_ca, join_timeout_s=0.5
+            ):
                 pass
         assert "b" not in a.membership

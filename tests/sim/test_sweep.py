@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gossipnet.cli import main as gossipnet_main
 from sim.config import load_experiment
 from sim.metrics import COLUMNS
 from sim.sweep import (
@@ -73,6 +74,15 @@ def write(folder: Path, text: str = TINY, name: str = "tiny.toml") -> Path:
     path = folder / name
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def exit_code(argv: list[str]) -> int:
+    """``gossipnet ARGV`` run in this process: the exit code it returns or exits with."""
+    try:
+        return gossipnet_main(argv)
+    except SystemExit as exit:
+        assert isinstance(exit.code, int)
+        return exit.code
 
 
 def gossipnet(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -536,17 +546,28 @@ def test_sweep_cli_writes_table_parquet_figure_and_resumes(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sweep_cli_bad_input_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+def test_sweep_cli_bad_input_is_one_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first case in a real process; the others through the same entry point in-process
+    (``gossipnet.cli.main``), which saves a Python start-up each."""
     path = write(tmp_path)
-    for flags, message in (
+    cases = [
         (["--grid", "aggregatr=mean"], "--grid: unknown field 'aggregatr'"),
         (["--grid", "aggregator=krum:f=3"], "--grid: grid point aggregator=krum:f=3 is invalid"),
         (["--grid", "seed=0", "--jobs", "0"], "--jobs: must be an integer >= 1"),
-    ):
-        result = gossipnet("sweep", str(path), *flags, "--out", "out", cwd=tmp_path, timeout=60)
-        assert result.returncode == 2, result.stderr
-        assert message in result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    ]
+    flags, message = cases[0]
+    result = gossipnet("sweep", str(path), *flags, "--out", "out", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    monkeypatch.chdir(tmp_path)
+    for flags, message in cases[1:]:
+        assert exit_code(["sim", "sweep", str(path), *flags, "--out", "out"]) == 2
+        err = capsys.readouterr().err
+        assert message in err
+        assert len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.slow
