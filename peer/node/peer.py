@@ -62,7 +62,6 @@ from peer.node.modes import build_mode
 from peer.node.recipe import ModelRecipe
 from peer.node.trainer import Batch, Evaluation, OptimizerFactory, Trainer
 from peer.protocol.tls import server_ssl_context
-from peer.protocol.wire import Envelope
 from peer.transport.client import PeerClient
 from peer.transport.server import Listening, listen
 
@@ -441,14 +440,3 @@ class Peer:
         (``asyncio.to_thread``) while the peer is serving.
         """
         return self.trainer.evaluate(inputs, targets, batch_size=batch_size, loss_fn=loss_fn)
-
-    # ------------------------------------------------------------------ for older tests
-
-    def _client(self) -> PeerClient:
-        return self.ctx.started_client()
-
-    def _envelope(self, vector: torch.Tensor) -> Envelope:
-        return self.ctx.envelope(vector)
-
-    def _resume(self) -> None:
-        self.checkpoints.resume()
