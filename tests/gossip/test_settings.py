@@ -96,9 +96,9 @@ def test_a_setting_declared_twice_is_a_type_error() -> None:
 
 @pytest.mark.parametrize("command", ["peer", "launch"])
 def test_peer_and_launch_have_each_settings_flag_as_declared(command: str) -> None:
-    from peer.app import cli, launch
+    from peer.app import launch, peer_flags
 
-    parser = cli._parser("p") if command == "peer" else launch._parser("p", False)
+    parser = peer_flags.peer_parser("p") if command == "peer" else launch._parser("p", False)
     actions = {action.dest: action for action in parser._actions}
     for item in SETTINGS:
         action = actions[item.name]
