@@ -1,12 +1,9 @@
-"""Shared test settings: deterministic hypothesis profile, seeded torch, one data set cache,
-and the xdist groups.
+"""Shared test settings: deterministic hypothesis profile, seeded torch, one data set cache.
 
-``make test`` runs pytest with ``-n 2 --dist loadgroup``: tests are handed to the two workers
-one by one, whatever file they are in, so both stay busy to the end. Tests must therefore not
-depend on which worker runs them or on what ran before (ephemeral ports, per-test tmp_path).
-The only exception is :data:`ONE_WORKER`: modules whose tests share one expensive set-up
-(a module fixture or cached runs), made once that way, or each use every core, which two of
-them at once would oversubscribe.
+``make test`` runs pytest with ``-n 2 --dist load``: tests are handed to the two workers one
+by one, whatever file they are in, so both stay busy to the end. Tests must therefore not
+depend on which worker runs them or on what ran before (ephemeral ports, per-test tmp_path);
+a module fixture is set up once per worker that runs the module's tests.
 """
 
 from __future__ import annotations
@@ -26,23 +23,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gossipnet"))
-
-# module (relative to the repository root) -> why its tests stay on one worker
-ONE_WORKER = {
-    "tests/chaos/test_quick.py": "two peer processes (the module fixture `peers`)",
-    "tests/sim/test_reproductions.py": "the simulator runs `_run` caches",
-    # measured: beside each other they took 100 s instead of 48 s, Ray's test 45 s, not 14 s
-    "tests/sim/test_sweep.py": "process pools (local processes, Ray) of two, one per core",
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put each :data:`ONE_WORKER` module's tests in one ``xdist_group`` (its path)."""
-    root = Path(config.rootpath)
-    for item in items:
-        module = item.path.relative_to(root).as_posix()
-        if module in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(module))
 
 
 @pytest.fixture(autouse=True, scope="session")
