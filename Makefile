@@ -24,12 +24,12 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist load
 
 # The paper-length reproductions (tests marked `reproduce`, left out of `make test`; the
 # last results, commands and wall times are in docs/reproductions.md).
 reproduce: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m reproduce
+	$(BIN)/python -m pytest -n 2 --dist load -m reproduce
 
 # The reliability suite (docs/reliability.md): every attack against real peers on
 # 127.0.0.1, a table at the end, exit code 1 if a verdict fails (about 10 minutes).

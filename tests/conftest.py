@@ -1,11 +1,9 @@
-"""Shared test settings: deterministic hypothesis profile, seeded torch, one data set cache,
-and the xdist groups.
+"""Shared test settings: deterministic hypothesis profile, seeded torch, one data set cache.
 
-``make test`` runs pytest with ``-n 2 --dist loadgroup``: tests are handed to the two workers
-one by one, whatever file they are in, so both stay busy to the end. Tests must therefore not
-depend on which worker runs them or on what ran before (ephemeral ports, per-test tmp_path).
-The only exception is :data:`SHARED_SETUP`: modules whose tests share one expensive set-up
-(a module fixture or cached runs) keep all their tests on one worker, so it is made once.
+``make test`` runs pytest with ``-n 2 --dist load``: tests are handed to the two workers one
+by one, whatever file they are in, so both stay busy to the end. Tests must therefore not
+depend on which worker runs them or on what ran before (ephemeral ports, per-test tmp_path);
+a module fixture is set up once per worker that runs the module's tests.
 """
 
 from __future__ import annotations
@@ -25,21 +23,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gossipnet"))
-
-# module (relative to the repository root) -> the set-up its tests share
-SHARED_SETUP = {
-    "tests/chaos/test_quick.py": "two peer processes (the module fixture `peers`)",
-    "tests/sim/test_reproductions.py": "the simulator runs `_run` caches",
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put each :data:`SHARED_SETUP` module's tests in one ``xdist_group`` (its path)."""
-    root = Path(config.rootpath)
-    for item in items:
-        module = item.path.relative_to(root).as_posix()
-        if module in SHARED_SETUP:
-            item.add_marker(pytest.mark.xdist_group(module))
 
 
 @pytest.fixture(autouse=True, scope="session")
