@@ -68,6 +68,10 @@ def default_max_connections(max_concurrent_exchanges: int) -> int:
     return 4 * max_concurrent_exchanges + 32
 
 
+DEFAULT_LINGER_S = 10.0
+"""aiohttp's default lingering time: :attr:`ServerLimits.linger_s`."""
+
+
 @dataclass(frozen=True)
 class ServerLimits:
     """The bounds of one peer's server (see the module docstring).
@@ -79,6 +83,9 @@ class ServerLimits:
             is not checked yet.
         body_timeout_s: the deadline of every request body, and of every answer's writing.
         idle_timeout_s: an idle connection, or one whose headers are incomplete, closes.
+        linger_s: after refusing a request whose body was not read, how long the rest of it
+            is read and dropped before the connection closes (closing on a caller still
+            sending resets the connection, and its kernel may drop the refusal unread).
         max_headers, max_field_bytes: aiohttp's header parser bounds.
     """
 
@@ -87,6 +94,7 @@ class ServerLimits:
     max_unauthenticated_bytes: int = DEFAULT_UNAUTHENTICATED_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    linger_s: float = DEFAULT_LINGER_S
     max_headers: int = MAX_HEADERS
     max_field_bytes: int = MAX_FIELD_BYTES
 
@@ -101,7 +109,7 @@ class ServerLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LimitError(f"ServerLimits.{name} must be an integer >= 1, got {value!r}")
-        for name in ("body_timeout_s", "idle_timeout_s"):
+        for name in ("body_timeout_s", "idle_timeout_s", "linger_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)

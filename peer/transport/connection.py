@@ -29,16 +29,11 @@ from peer.transport.service import server_log
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S",
-    "LINGER_S",
     "JsonErrorRequestHandler",
     "PeerRunner",
     "PeerServer",
 ]
 
-LINGER_S = 10.0
-"""After refusing a request whose body was not read, how long aiohttp reads and drops the
-rest of it before it closes the connection (aiohttp's default): closing on a caller still
-sending resets the connection, and its kernel may drop the refusal unread."""
 
 HANDSHAKE_TIMEOUT_S = 60.0
 """asyncio's TLS handshake timeout: a connection still opening after it has failed."""

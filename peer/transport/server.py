@@ -55,7 +55,7 @@ from aiohttp import web
 from peer.protocol.errors import Overloaded
 from peer.transport.admission import MAX_JSON_BYTES, ServerLimits
 from peer.transport.answer import state_endpoint
-from peer.transport.connection import LINGER_S, PeerRunner
+from peer.transport.connection import PeerRunner
 from peer.transport.context import ServerContext
 from peer.transport.control import json_errors, json_routes
 from peer.transport.exchange import Exchange, exchange_expect
@@ -71,7 +71,6 @@ from peer.transport.service import (
 
 __all__ = [
     "BODY_DEADLINE_S",
-    "LINGER_S",
     "MAX_JSON_BYTES",
     "OPEN_PATHS",
     "SERVER_STATE",
@@ -134,7 +133,7 @@ def make_runner(
         on_refused=refused,
         access_log=None,
         keepalive_timeout=limits.idle_timeout_s,
-        lingering_time=LINGER_S,
+        lingering_time=limits.linger_s,
         max_line_size=limits.max_field_bytes,
         max_field_size=limits.max_field_bytes,
         max_headers=limits.max_headers,
