@@ -20,7 +20,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -42,6 +42,14 @@ class AggregatorLike(Protocol):
 Injection = Callable[[slice, Tensor], Tensor]
 """``(receivers, inbox [rows, k, d]) -> inbox``: what :func:`gather_mix` lets a runner put in
 a chunk of receivers' inboxes before the rule reads them (Byzantine senders' messages)."""
+
+
+def _on(values: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A table's column (numpy from ``topologies``, or a tensor already on some device, as a
+    runner's per-round table is) as a tensor of ``dtype`` on ``device``."""
+    if isinstance(values, Tensor):
+        return values.to(device=device, dtype=dtype)
+    return torch.as_tensor(np.asarray(values), dtype=dtype, device=device)
 
 
 def gather_mix(
@@ -82,9 +90,9 @@ def gather_mix(
     """
     sent = values if sent is None else sent
     device = values.device
-    index = torch.as_tensor(np.asarray(table.index), dtype=torch.long, device=device)
-    weight = torch.as_tensor(np.asarray(table.weight), dtype=values.dtype, device=device)
-    mask = torch.as_tensor(np.asarray(table.mask), dtype=torch.bool, device=device)
+    index = _on(table.index, torch.long, device)
+    weight = _on(table.weight, values.dtype, device)
+    mask = _on(table.mask, torch.bool, device)
     n = values.shape[0]
     if index.shape[0] != n:
         raise ValueError(f"table: has {index.shape[0]} rows but there are {n} peers")
