@@ -45,14 +45,39 @@ BUSY_RETRIES = 2
 class PairwiseExchange:
     """The async mode of a :class:`~peer.node.peer.Peer`: one exchange phase
     (:meth:`exchange`), the caller's side (:meth:`_pairwise`) and the callee's answer
-    (:meth:`answer`), over the peer's shared parts (``ctx``)."""
+    (:meth:`answer`), over the peer's shared parts (``ctx``).
+
+    Its fast paths can each be turned off (constructor arguments, kept as the public
+    attributes of the same names, read at every exchange); each path's "off" form is the
+    plain one, which gives the same bits (``bench/exchange.py --ablate`` times both):
+
+    * ``stream_snapshot``: the caller's snapshot is sent while a worker copies it
+      (:class:`~peer.protocol.growing.GrowingBuffer`); off: copied whole, then sent.
+    * ``stream_answer``: the callee's answer is sent while a worker averages it chunk by
+      chunk (``gossip.PairwiseGossip.callee_answer_by_chunk``); off: averaged whole
+      (``callee_answer``), then sent.
+    * ``adopt_untouched``: a dense answer to a model nobody touched since the snapshot is
+      adopted with its finiteness checked as it is copied in
+      (``gossip.PairwiseGossip.caller_adopt``); off: fully decoded, then the general
+      update (``caller_update``).
+    """
 
     retains_messages = False
     """A received message is averaged before its request ends: the server reads exchanges
     into reused buffers."""
 
-    def __init__(self, ctx: PeerContext) -> None:
+    def __init__(
+        self,
+        ctx: PeerContext,
+        *,
+        stream_snapshot: bool = True,
+        stream_answer: bool = True,
+        adopt_untouched: bool = True,
+    ) -> None:
         self.ctx = ctx
+        self.stream_snapshot = stream_snapshot
+        self.stream_answer = stream_answer
+        self.adopt_untouched = adopt_untouched
         self.pairwise_rule = PairwiseGossip(ctx.algorithm.aggregator)
         """AD-PSGD's halves (gossip.pairwise); the codec is the wire's (``ctx.codec``)."""
         self.serving_share: ServingShare | None = ServingShare(
@@ -152,7 +177,7 @@ class PairwiseExchange:
     async def _outgoing(self) -> tuple[Envelope, torch.Tensor, GrowingBuffer | None]:
         """Our request: ``(envelope, the snapshot it sends, the snapshot's growing buffer
         when it streams while being copied)``."""
-        if not self._streams_dense():
+        if not (self.stream_snapshot and self._streams_dense()):
             sent = await in_thread(self._snapshot_into_buffer)
             return await in_thread(self.ctx.envelope, sent), sent, None
         sent = self._send_buffer_for()
@@ -224,7 +249,12 @@ class PairwiseExchange:
         and a pass to copy."""
         codec = self.ctx.codecs[reply.codec]
         own = self.ctx.flat.vector
-        if isinstance(codec, CompressorCodec) and _is_dense(codec) and not own.is_cuda:
+        if (
+            self.adopt_untouched
+            and isinstance(codec, CompressorCodec)
+            and _is_dense(codec)
+            and not own.is_cuda
+        ):
             answer = codec.decode(reply.payload, self.ctx.spec, finite=False)  # all but finiteness
             with self.ctx.lock:
                 if self.ctx.lock.acquisitions == self._snapshot_taken + 1:
@@ -275,7 +305,8 @@ class PairwiseExchange:
         shape, in CPU memory."""
         own = self.ctx.flat.vector
         return (
-            self.pairwise_rule.answers_by_chunk
+            self.stream_answer
+            and self.pairwise_rule.answers_by_chunk
             and self._streams_dense()
             and other.device.type == "cpu"
             and other.dtype == own.dtype
