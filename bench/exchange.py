@@ -34,16 +34,18 @@ receive, check and answer). Run::
     .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7
     .venv/bin/python bench/exchange.py --sizes 64 --phases   # + where the time goes
     .venv/bin/python bench/exchange.py --device cuda   # on a machine with a GPU
-    .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 9 --ablate
+    .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7 --rounds 2 --ablate
 
-``--ablate``: what each fast path of the ``signed`` exchange buys. Per size, the full path
-(run first and last: its times are pooled over both), then each path in :data:`PATHS`
-turned off alone (its documented switch, whose "off" form is the plain path), each in
-fresh processes. Every configuration must leave the two models bit-identical, and the
+``--ablate``: what each fast path of the ``signed`` exchange buys. Per size, ``--rounds``
+times: the full path, then each path in :data:`PATHS` turned off alone (its documented
+switch, whose "off" form is the plain path); then the full path once more; each run in
+fresh processes, each configuration's times pooled over its runs (load that comes and goes
+weighs on all). Every configuration must leave the two models bit-identical, and the
 same bits as the full path (a RuntimeError otherwise). The table gives, per path, the
 median exchange time with it on and off, their ratio, the spread of each (IQR and
-min-max over the timed exchanges), the 1-minute load average when each configuration
-started, and a verdict: ``pays`` where off is slower than on by more than the larger IQR,
+min-max over the timed exchanges), the processor time per exchange of both processes
+(``CPU``: the median over the configuration's runs), the 1-minute load averages as its
+runs started, and a verdict: ``pays`` where off is slower than on by more than the larger IQR,
 ``costs`` where on is slower by more than that, ``noise`` otherwise.
 """
 
@@ -471,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         f"each turned off alone ({', '.join(PATHS)}): medians, spread and ratio",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --ablate: how many times each configuration runs, interleaved (default 1)",
+    )
+    parser.add_argument(
         "--paths",
         default=",".join(PATHS),
         help="with --ablate: the fast paths to turn off (one at a time), comma-separated "
@@ -492,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must all be > 0")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     try:  # the one device parser of both runners, checked before anything starts
         device = str(resolve_device(args.device))
     except ValueError as error:
@@ -505,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ablate:
         if device != "cpu":
             parser.error("--ablate: the fast paths it times are those of models on the cpu")
-        ablate(sizes, args.repeats, paths)
+        ablate(sizes, args.repeats, paths, args.rounds)
         return 0
     columns = ["signed", "open"] + ([] if args.no_tls else ["TLS"])
     print(
@@ -579,44 +589,53 @@ def verdict(on: list[float], off: list[float]) -> str:
     return "noise"
 
 
-def ablate(sizes: list[float], repeats: int, paths: list[str]) -> None:
-    """The ``--ablate`` table (see the module's docstring) for ``paths`` (of :data:`PATHS`)."""
+def ablate(sizes: list[float], repeats: int, paths: list[str], rounds: int = 1) -> None:
+    """The ``--ablate`` table (see the module's docstring) for ``paths`` (of :data:`PATHS`):
+    ``rounds`` times the full path then each path off, then the full path once more; each
+    configuration's times (and load averages) pooled over its runs."""
     print(
         f"# bench/exchange.py --ablate, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
-        f"UTC, {os.cpu_count()} cores, torch {torch.__version__}, signed exchange, "
-        f"{repeats} timed exchanges per configuration (the full path: twice that, run first "
-        "and last); ms; load = 1-min load average as each configuration started"
+        f"UTC, {os.cpu_count()} cores, torch {torch.__version__}, signed exchange; "
+        f"{rounds} round(s) of: the full path, then each path off; then the full path again; "
+        f"{repeats} timed exchanges per run; ms; load = 1-min load averages as the runs "
+        "started (min-max)"
     )
     header = (
         f"{'MB':>5}  {'path turned off':<16}  {'on ms':>7}  {'IQR':>6}  {'min-max':>13}  "
-        f"{'off ms':>7}  {'IQR':>6}  {'min-max':>13}  {'off/on':>6}  {'load on':>9}  "
-        f"{'load off':>8}  verdict"
+        f"{'off ms':>7}  {'IQR':>6}  {'min-max':>13}  {'off/on':>6}  {'CPU on':>6}  "
+        f"{'CPU off':>7}  {'load on':>9}  {'load off':>9}  verdict"
     )
     print(header)
     print("-" * len(header))
     for size in sizes:
         numel = int(size * 2**20) // 4
-        runs: dict[str, PeerRun] = {}
-        loads: dict[str, float] = {}
-        order = ["", *paths, "again"]
-        for name in order:
-            loads[name] = os.getloadavg()[0]
-            off = (name,) if name in PATHS else ()
-            runs[name] = time_peer(numel, SECRET, repeats, {}, off)
-        digests = {name: run.digest for name, run in runs.items()}
-        if len(set(digests.values())) != 1:
+        times: dict[str, list[float]] = {}
+        loads: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+        digests = set()
+        for name in ["", *paths] * rounds + [""]:
+            loads.setdefault(name, []).append(os.getloadavg()[0])
+            off = (name,) if name else ()
+            run = time_peer(numel, SECRET, repeats, {}, off)
+            times.setdefault(name, []).extend(run.times)
+            cpu.setdefault(name, []).append(run.cpu * 1e3)
+            digests.add(run.digest)
+        if len(digests) != 1:
             raise RuntimeError(f"{size:g} MB: the configurations end with different models")
-        on = runs[""].times + runs["again"].times
+        on = times[""]
         on_median, on_iqr, on_min, on_max = _spread(on)
-        on_load = f"{loads['']:.1f}-{loads['again']:.1f}"
+        on_load = f"{min(loads['']):.1f}-{max(loads['']):.1f}"
+        on_cpu = statistics.median(cpu[""])
         for name in paths:
-            off = runs[name].times
+            off = times[name]
             off_median, off_iqr, off_min, off_max = _spread(off)
+            off_load = f"{min(loads[name]):.1f}-{max(loads[name]):.1f}"
             print(
                 f"{size:>5g}  {name:<16}  {on_median:>7.1f}  {on_iqr:>6.1f}  "
                 f"{f'{on_min:.1f}-{on_max:.1f}':>13}  {off_median:>7.1f}  {off_iqr:>6.1f}  "
                 f"{f'{off_min:.1f}-{off_max:.1f}':>13}  {off_median / on_median:>6.2f}  "
-                f"{on_load:>9}  {loads[name]:>8.1f}  {verdict(on, off)}",
+                f"{on_cpu:>6.1f}  {statistics.median(cpu[name]):>7.1f}  "
+                f"{on_load:>9}  {off_load:>9}  {verdict(on, off)}",
                 flush=True,
             )
 
