@@ -80,11 +80,8 @@ from workloads.device import resolve_device
 SECRET = b"bench-swarm-secret-0123456789"
 
 PATHS = {
-    "stream_snapshot": "caller's snapshot sent while copied (PairwiseExchange.stream_snapshot)",
     "stream_answer": "callee's average sent while computed by chunk "
     "(PairwiseExchange.stream_answer)",
-    "adopt_untouched": "caller adopts the answer, checked as copied "
-    "(PairwiseExchange.adopt_untouched)",
     "direct_reads": "bodies read with recv_into, both sides (socket_reads.DIRECT_READS)",
     "stream_signed": "Poly1305 tags as the bytes go, vs SHA-256 digests (PeerClient.stream_signed)",
 }
@@ -127,9 +124,7 @@ def _peer(
     )
     mode = peer.mode
     assert isinstance(mode, PairwiseExchange)
-    mode.stream_snapshot = "stream_snapshot" not in off
     mode.stream_answer = "stream_answer" not in off
-    mode.adopt_untouched = "adopt_untouched" not in off
     if "stream_signed" in off:  # the callee admits a digest-signed model (read before checked)
         peer.handlers.max_unauthenticated_bytes = max(8 << 20, 2 * numel * 4 + (1 << 20))
     return peer

@@ -386,7 +386,7 @@ class PeerClient:
             raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
         finally:
             if body is not None:
-                await body.settled()  # a worker still filling the request (its snapshot)
+                await body.settled()  # a worker still filling a growing piece of it
                 body.release()
         if self.on_bytes is not None:
             self.on_bytes("out", length)
