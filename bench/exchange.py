@@ -34,6 +34,19 @@ receive, check and answer). Run::
     .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7
     .venv/bin/python bench/exchange.py --sizes 64 --phases   # + where the time goes
     .venv/bin/python bench/exchange.py --device cuda   # on a machine with a GPU
+    .venv/bin/python bench/exchange.py --sizes 16,64 --repeats 7 --rounds 2 --ablate
+
+``--ablate``: what each fast path of the ``signed`` exchange buys. Per size, ``--rounds``
+times: the full path, then each path in :data:`PATHS` turned off alone (its documented
+switch, whose "off" form is the plain path); then the full path once more; each run in
+fresh processes, each configuration's times pooled over its runs (load that comes and goes
+weighs on all). Every configuration must leave the two models bit-identical, and the
+same bits as the full path (a RuntimeError otherwise). The table gives, per path, the
+median exchange time with it on and off, their ratio, the spread of each (IQR and
+min-max over the timed exchanges), the processor time per exchange of both processes
+(``CPU``: the median over the configuration's runs), the 1-minute load averages as its
+runs started, and a verdict: ``pays`` where off is slower than on by more than the larger IQR,
+``costs`` where on is slower by more than that, ``noise`` otherwise.
 """
 
 from __future__ import annotations
@@ -66,6 +79,14 @@ from workloads.device import resolve_device
 
 SECRET = b"bench-swarm-secret-0123456789"
 
+PATHS = {
+    "stream_answer": "callee's average sent while computed by chunk "
+    "(PairwiseExchange.stream_answer)",
+    "direct_reads": "bodies read with recv_into, both sides (socket_reads.DIRECT_READS)",
+    "stream_signed": "Poly1305 tags as the bytes go, vs SHA-256 digests (PeerClient.stream_signed)",
+}
+"""The fast paths ``--ablate`` turns off one at a time, and what each does (its switch)."""
+
 
 class FlatModel(torch.nn.Module):
     """A model that is just ``numel`` float32 parameters."""
@@ -78,18 +99,40 @@ class FlatModel(torch.nn.Module):
         return x * self.weight.sum()
 
 
-def _peer(peer_id: str, numel: int, secret: bytes | None, **config: Any) -> Any:
+def _peer(
+    peer_id: str, numel: int, secret: bytes | None, off: tuple[str, ...] = (), **config: Any
+) -> Any:
+    """A peer of the bench, with the fast paths named in ``off`` (:data:`PATHS`) turned off
+    through their public switches (the client's are set by :func:`_client_paths` once it is
+    made)."""
     from peer.node.config import PeerConfig
+    from peer.node.pairwise import PairwiseExchange
     from peer.node.peer import Peer
+    from peer.transport import socket_reads
 
+    unknown = set(off) - PATHS.keys()
+    if unknown:
+        raise ValueError(f"unknown fast paths {sorted(unknown)}; known: {list(PATHS)}")
+    socket_reads.DIRECT_READS = "direct_reads" not in off  # the apps and clients made next
     torch.manual_seed(len(peer_id))
-    return Peer(
+    peer = Peer(
         FlatModel(numel),
         lambda params: torch.optim.SGD(params, lr=0.0),
         torch.nn.functional.mse_loss,
         [],
         PeerConfig(peer_id=peer_id, secret=secret, request_timeout_s=300.0, **config),
     )
+    mode = peer.mode
+    assert isinstance(mode, PairwiseExchange)
+    mode.stream_answer = "stream_answer" not in off
+    if "stream_signed" in off:  # the callee admits a digest-signed model (read before checked)
+        peer.handlers.max_unauthenticated_bytes = max(8 << 20, 2 * numel * 4 + (1 << 20))
+    return peer
+
+
+def _client_paths(peer: Any, off: tuple[str, ...]) -> None:
+    """The client's switches, once ``peer.start()`` made it."""
+    peer.client.stream_signed = "stream_signed" not in off
 
 
 def _digest(peer: Any) -> str:
@@ -139,6 +182,7 @@ def _serve(
     numel: int,
     secret: bytes | None,
     tls: dict[str, str],
+    off: tuple[str, ...],
     queue: Queue[Any],
     stop: Event,
     timing: tuple[Event, Event],
@@ -149,8 +193,9 @@ def _serve(
     baseline = _rss_bytes()
 
     async def main() -> None:
-        peer = _peer("callee", numel, secret, **tls)
+        peer = _peer("callee", numel, secret, off, **tls)
         await peer.start()
+        _client_paths(peer, off)
         held, started = _memory(baseline)
         queue.put(peer.address)
         await asyncio.to_thread(timing[0].wait)  # after the caller's warm-up exchange
@@ -176,6 +221,7 @@ def _call(
     numel: int,
     secret: bytes | None,
     tls: dict[str, str],
+    off: tuple[str, ...],
     address: str,
     repeats: int,
     queue: Queue[Any],
@@ -193,9 +239,17 @@ def _call(
 
     async def main() -> list[float]:
         caller = _peer(
-            "caller", numel, secret, client_only=True, join=(address,), fetch_state=False, **tls
+            "caller",
+            numel,
+            secret,
+            off,
+            client_only=True,
+            join=(address,),
+            fetch_state=False,
+            **tls,
         )
         await caller.start()
+        _client_paths(caller, off)
         nonlocal memory
         memory = _memory(baseline)
         times = []
@@ -220,7 +274,7 @@ def _call(
         return times[1:]
 
     times = asyncio.run(main())
-    queue.put((statistics.median(times), (memory[0], peak[0]), digests[0], cpu[0], phases[0]))
+    queue.put((times, (memory[0], peak[0]), digests[0], cpu[0], phases[0]))
 
 
 def _phase_means(
@@ -237,33 +291,71 @@ def _phase_means(
     return means
 
 
+class PeerRun:
+    """One configuration timed in fresh processes (:func:`time_peer`)."""
+
+    def __init__(
+        self,
+        times: list[float],
+        caller_rss: tuple[int, int],
+        callee_rss: tuple[int, int],
+        cpu: float,
+        phases: dict[tuple[str, str], float],
+        digest: str,
+    ) -> None:
+        self.times = times
+        """Seconds of each timed exchange (the warm-up left out)."""
+        self.caller_rss = caller_rss
+        """The caller's (held once started, peak growth while exchanging) resident bytes."""
+        self.callee_rss = callee_rss
+        """The callee's, as :attr:`caller_rss`."""
+        self.cpu = cpu
+        """Processor seconds per exchange, both processes together."""
+        self.phases = phases
+        """Mean seconds of each phase (``gossipnet_exchange_phase_seconds``)."""
+        self.digest = digest
+        """SHA-256 of the model both peers hold at the end."""
+
+    @property
+    def seconds(self) -> float:
+        """The median exchange."""
+        return statistics.median(self.times)
+
+
 def time_peer(
-    numel: int, secret: bytes | None, repeats: int, tls: dict[str, str]
-) -> tuple[float, tuple[int, int], tuple[int, int], float, dict[tuple[str, str], float]]:
-    """(median seconds per exchange, caller's and callee's (held, peak while exchanging)
-    resident bytes, processor seconds per exchange of both, mean seconds of each phase of
-    an exchange, ``gossipnet_exchange_phase_seconds``). Raises unless both models are
-    bit-identical after the exchanges (with lr = 0 both hold the pair's average)."""
+    numel: int,
+    secret: bytes | None,
+    repeats: int,
+    tls: dict[str, str],
+    off: tuple[str, ...] = (),
+) -> PeerRun:
+    """``repeats`` exchanges after a warm-up, from a fresh caller process to a fresh callee
+    process, with the fast paths in ``off`` (:data:`PATHS`) turned off on both. Raises
+    unless both models are bit-identical after the exchanges (with lr = 0 both hold the
+    pair's average)."""
     context = mp.get_context("spawn")
     queue: Queue[Any] = context.Queue()
     stop, timing = context.Event(), (context.Event(), context.Event())
-    server = context.Process(target=_serve, args=(numel, secret, tls, queue, stop, timing))
+    server = context.Process(target=_serve, args=(numel, secret, tls, off, queue, stop, timing))
     server.start()
     try:
         address = queue.get(timeout=300)
         results: Queue[Any] = context.Queue()
         caller = context.Process(
-            target=_call, args=(numel, secret, tls, address, repeats, results, timing)
+            target=_call, args=(numel, secret, tls, off, address, repeats, results, timing)
         )
         caller.start()
-        seconds, caller_rss, caller_digest, caller_cpu, caller_phases = results.get(timeout=1800)
+        times, caller_rss, caller_digest, caller_cpu, caller_phases = results.get(timeout=1800)
         caller.join(timeout=60)
         stop.set()
         held, peak, callee_digest, callee_cpu, callee_phases = queue.get(timeout=120)
         if caller_digest != callee_digest:  # lr = 0: both must hold the pair's average
-            raise RuntimeError("after the exchanges the two models differ")
+            raise RuntimeError(
+                f"after the exchanges the two models differ (off: {', '.join(off) or 'none'})"
+            )
         cpu = (caller_cpu + callee_cpu) / repeats
-        return seconds, caller_rss, (held, peak), cpu, {**caller_phases, **callee_phases}
+        phases = {**caller_phases, **callee_phases}
+        return PeerRun(times, caller_rss, (held, peak), cpu, phases, caller_digest)
     finally:
         stop.set()
         server.join(timeout=60)
@@ -370,6 +462,24 @@ def main(argv: list[str] | None = None) -> int:
         "of an exchange as the two peers time it (gossipnet_exchange_phase_seconds)",
     )
     parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="instead of the table, the signed exchange with all its fast paths, then with "
+        f"each turned off alone ({', '.join(PATHS)}): medians, spread and ratio",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --ablate: how many times each configuration runs, interleaved (default 1)",
+    )
+    parser.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help="with --ablate: the fast paths to turn off (one at a time), comma-separated "
+        "(default: all)",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         help="where both peers' models live: cpu (default), auto, cuda or cuda:I (gloo's reference "
@@ -385,10 +495,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must all be > 0")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     try:  # the one device parser of both runners, checked before anything starts
         device = str(resolve_device(args.device))
     except ValueError as error:
         parser.error(f"--device: {error}")
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or not paths:
+        parser.error(
+            f"--paths must be comma-separated names among {', '.join(PATHS)}, got {args.paths!r}"
+        )
+    if args.ablate:
+        if device != "cpu":
+            parser.error("--ablate: the fast paths it times are those of models on the cpu")
+        ablate(sizes, args.repeats, paths, args.rounds)
+        return 0
     columns = ["signed", "open"] + ([] if args.no_tls else ["TLS"])
     print(
         f"# bench/exchange.py, {datetime.date.today()}, {os.cpu_count()} cores, "
@@ -414,15 +537,13 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for column in columns:
                 secret, extra = settings[column]
-                seconds, caller_rss, callee_rss, cpu, phases = time_peer(
-                    numel, secret, args.repeats, extra
-                )
-                timed.append((size, column, seconds, phases))
+                run = time_peer(numel, secret, args.repeats, extra)
+                timed.append((size, column, run.seconds, run.phases))
                 copies = "/".join(
                     f"{held / model_bytes:.1f}+{peak / model_bytes:.1f}"
-                    for held, peak in (caller_rss, callee_rss)
+                    for held, peak in (run.caller_rss, run.callee_rss)
                 )
-                rows.append((seconds, cpu, copies))
+                rows.append((run.seconds, run.cpu, copies))
             # gloo again after the peer's columns: its median is over both runs
             second, second_cpu = time_gloo(numel, args.repeats)
             gloo = statistics.median(first + second)
@@ -437,6 +558,81 @@ def main(argv: list[str] | None = None) -> int:
     if args.phases:
         print_phases(timed)
     return 0
+
+
+def _spread(times: list[float]) -> tuple[float, float, float, float]:
+    """(median, IQR, min, max) of ``times``, in ms."""
+    ms = sorted(t * 1e3 for t in times)
+    if len(ms) >= 2:
+        quartiles = statistics.quantiles(ms, n=4, method="inclusive")
+        iqr = quartiles[2] - quartiles[0]
+    else:
+        iqr = 0.0
+    return statistics.median(ms), iqr, ms[0], ms[-1]
+
+
+def verdict(on: list[float], off: list[float]) -> str:
+    """``pays`` where the path's median (``on``) is below the plain path's (``off``) by more
+    than the larger of the two IQRs, ``costs`` where it is above by more, else ``noise``."""
+    on_median, on_iqr, _, _ = _spread(on)
+    off_median, off_iqr, _, _ = _spread(off)
+    margin = max(on_iqr, off_iqr)
+    if off_median - on_median > margin:
+        return "pays"
+    if on_median - off_median > margin:
+        return "costs"
+    return "noise"
+
+
+def ablate(sizes: list[float], repeats: int, paths: list[str], rounds: int = 1) -> None:
+    """The ``--ablate`` table (see the module's docstring) for ``paths`` (of :data:`PATHS`):
+    ``rounds`` times the full path then each path off, then the full path once more; each
+    configuration's times (and load averages) pooled over its runs."""
+    print(
+        f"# bench/exchange.py --ablate, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
+        f"UTC, {os.cpu_count()} cores, torch {torch.__version__}, signed exchange; "
+        f"{rounds} round(s) of: the full path, then each path off; then the full path again; "
+        f"{repeats} timed exchanges per run; ms; load = 1-min load averages as the runs "
+        "started (min-max)"
+    )
+    header = (
+        f"{'MB':>5}  {'path turned off':<16}  {'on ms':>7}  {'IQR':>6}  {'min-max':>13}  "
+        f"{'off ms':>7}  {'IQR':>6}  {'min-max':>13}  {'off/on':>6}  {'CPU on':>6}  "
+        f"{'CPU off':>7}  {'load on':>9}  {'load off':>9}  verdict"
+    )
+    print(header)
+    print("-" * len(header))
+    for size in sizes:
+        numel = int(size * 2**20) // 4
+        times: dict[str, list[float]] = {}
+        loads: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+        digests = set()
+        for name in ["", *paths] * rounds + [""]:
+            loads.setdefault(name, []).append(os.getloadavg()[0])
+            off = (name,) if name else ()
+            run = time_peer(numel, SECRET, repeats, {}, off)
+            times.setdefault(name, []).extend(run.times)
+            cpu.setdefault(name, []).append(run.cpu * 1e3)
+            digests.add(run.digest)
+        if len(digests) != 1:
+            raise RuntimeError(f"{size:g} MB: the configurations end with different models")
+        on = times[""]
+        on_median, on_iqr, on_min, on_max = _spread(on)
+        on_load = f"{min(loads['']):.1f}-{max(loads['']):.1f}"
+        on_cpu = statistics.median(cpu[""])
+        for name in paths:
+            off = times[name]
+            off_median, off_iqr, off_min, off_max = _spread(off)
+            off_load = f"{min(loads[name]):.1f}-{max(loads[name]):.1f}"
+            print(
+                f"{size:>5g}  {name:<16}  {on_median:>7.1f}  {on_iqr:>6.1f}  "
+                f"{f'{on_min:.1f}-{on_max:.1f}':>13}  {off_median:>7.1f}  {off_iqr:>6.1f}  "
+                f"{f'{off_min:.1f}-{off_max:.1f}':>13}  {off_median / on_median:>6.2f}  "
+                f"{on_cpu:>6.1f}  {statistics.median(cpu[name]):>7.1f}  "
+                f"{on_load:>9}  {off_load:>9}  {verdict(on, off)}",
+                flush=True,
+            )
 
 
 def print_phases(timed: list[tuple[float, str, float, dict[tuple[str, str], float]]]) -> None:

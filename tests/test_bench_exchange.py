@@ -4,6 +4,9 @@ themselves are read from the bench's table, never asserted in a test)."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -64,3 +67,47 @@ def test_phase_means_are_taken_over_the_exchanges_between_two_readings() -> None
     assert means.keys() == {("caller", "round_trip"), ("caller", "adopt")}
     assert means["caller", "round_trip"] == pytest.approx(0.02)
     assert means["caller", "adopt"] == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("paths", ["stream_answer,warp", "", "direct-reads"])
+def test_an_unknown_fast_path_is_refused_naming_the_flag_and_the_known_ones(
+    paths: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench().main(["--ablate", "--paths", paths, "--sizes", "1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr()
+    known = ", ".join(bench().PATHS)
+    assert "stream_signed" in known and "direct_reads" in known
+    assert f"--paths must be comma-separated names among {known}, got {paths!r}" in err.err
+    assert "gloo" not in err.out and "path turned off" not in err.out
+
+
+def test_a_path_pays_only_beyond_the_larger_spread() -> None:
+    """The verdict compares the medians' difference with the larger IQR of the two."""
+    verdict = bench().verdict
+    steady = [0.100, 0.101, 0.102, 0.103, 0.104]
+    assert verdict(steady, [t + 0.050 for t in steady]) == "pays"
+    assert verdict([t + 0.050 for t in steady], steady) == "costs"
+    assert verdict(steady, [t + 0.002 for t in steady]) == "noise"
+    wide = [0.050, 0.090, 0.110, 0.150, 0.200]  # IQR 60 ms: a 30 ms gain is within it
+    assert verdict(steady, [t + 0.030 for t in wide]) == "noise"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_fast_path_turned_off_gives_the_same_bits() -> None:
+    """The ablation runs each configuration in fresh processes and raises unless both peers
+    end bit-identical and every configuration ends with the full path's model (a body
+    above the direct-read threshold, a model below one streaming chunk)."""
+    command = [sys.executable, str(ROOT / "bench" / "exchange.py"), "--ablate", "--sizes", "1.5"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [*command, "--repeats", "1"], capture_output=True, text=True, env=env, timeout=540
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    table = {row[1]: row for row in rows if row and row[0] == "1.5"}
+    assert list(table) == list(bench().PATHS)
+    for row in table.values():
+        assert row[-1] in ("pays", "costs", "noise")

@@ -22,7 +22,6 @@ from typing import Literal
 
 import torch
 
-from gossip import compression
 from gossip.pairwise import PairwiseGossip
 from peer.node.context import PeerContext
 from peer.node.membership import Member
@@ -45,14 +44,29 @@ BUSY_RETRIES = 2
 class PairwiseExchange:
     """The async mode of a :class:`~peer.node.peer.Peer`: one exchange phase
     (:meth:`exchange`), the caller's side (:meth:`_pairwise`) and the callee's answer
-    (:meth:`answer`), over the peer's shared parts (``ctx``)."""
+    (:meth:`answer`), over the peer's shared parts (``ctx``).
+
+    Its fast path can be turned off (a constructor argument, kept as the public attribute
+    of the same name, read at every exchange); its "off" form is the plain one, which gives
+    the same bits (``bench/exchange.py --ablate`` times both):
+
+    * ``stream_answer``: the callee's answer is sent while a worker averages it chunk by
+      chunk (``gossip.PairwiseGossip.callee_answer_by_chunk``); off: averaged whole
+      (``callee_answer``), then sent.
+    """
 
     retains_messages = False
     """A received message is averaged before its request ends: the server reads exchanges
     into reused buffers."""
 
-    def __init__(self, ctx: PeerContext) -> None:
+    def __init__(
+        self,
+        ctx: PeerContext,
+        *,
+        stream_answer: bool = True,
+    ) -> None:
         self.ctx = ctx
+        self.stream_answer = stream_answer
         self.pairwise_rule = PairwiseGossip(ctx.algorithm.aggregator)
         """AD-PSGD's halves (gossip.pairwise); the codec is the wire's (``ctx.codec``)."""
         self.serving_share: ServingShare | None = ServingShare(
@@ -105,8 +119,8 @@ class PairwiseExchange:
 
     def _streams_dense(self) -> bool:
         """Whether this peer's messages stream as its model's raw bytes (codec ``none``,
-        no error feedback) from a CPU model: then a snapshot and an answer can be sent
-        while a worker thread still writes them (``peer.protocol.growing``)."""
+        no error feedback) from a CPU model: then an answer can be sent while a worker
+        thread still computes it (``peer.protocol.growing``)."""
         codec = self.ctx.codec
         return (
             isinstance(codec, CompressorCodec)
@@ -135,44 +149,22 @@ class PairwiseExchange:
             self._snapshot_taken = self.ctx.lock.acquisitions
             return buffer
 
-    def _snapshot_in_chunks(self, buffer: torch.Tensor, growing: GrowingBuffer) -> None:
-        """:meth:`_snapshot_into_buffer` in chunks of :data:`STREAM_CHUNK_BYTES`, each
-        published as it is copied (the request streams behind the copy). The whole copy
-        runs under the model lock, so the snapshot is atomic as before."""
-        own = self.ctx.flat.vector
-        step = _chunk_elements(own)
-        itemsize = own.element_size()
-        with self.ctx.lock:
-            for start in range(0, own.numel(), step):
-                end = min(own.numel(), start + step)
-                buffer[start:end].copy_(own[start:end])
-                growing.advance(end * itemsize)
-            self._snapshot_taken = self.ctx.lock.acquisitions
-
-    async def _outgoing(self) -> tuple[Envelope, torch.Tensor, GrowingBuffer | None]:
-        """Our request: ``(envelope, the snapshot it sends, the snapshot's growing buffer
-        when it streams while being copied)``."""
-        if not self._streams_dense():
-            sent = await in_thread(self._snapshot_into_buffer)
-            return await in_thread(self.ctx.envelope, sent), sent, None
-        sent = self._send_buffer_for()
-        payload = self.ctx.codec.encode(sent)
-        growing = GrowingBuffer(payload["data"], asyncio.get_running_loop())
-        payload["data"] = growing
-        fill_in_thread(growing, self._snapshot_in_chunks, sent, growing)
-        return self.ctx.envelope_of(payload), sent, growing
+    async def _outgoing(self) -> tuple[Envelope, torch.Tensor]:
+        """Our request: ``(envelope, the snapshot it sends)``, the snapshot copied whole
+        (:meth:`_snapshot_into_buffer`) and encoded in worker threads."""
+        sent = await in_thread(self._snapshot_into_buffer)
+        return await in_thread(self.ctx.envelope, sent), sent
 
     async def _pairwise(self, member: Member) -> Outcome:
         """One push-pull exchange with ``member``: ``"ok"``, ``"busy"`` (alive, refused
         at one of its bounds) or ``"failed"``."""
         assert member.address is not None
         self._in_flight.add(member.id)
-        growing = None
         try:
             started = time.perf_counter()
             arena = self._answer_arenas.take(self.ctx.max_body_bytes)
             try:
-                envelope, sent, growing = await self._outgoing()
+                envelope, sent = await self._outgoing()
                 # signed for member.id, and answered by it (else UnknownPeer)
                 reply = await self.ctx.started_client().exchange(
                     member.address,
@@ -181,8 +173,6 @@ class PairwiseExchange:
                     codecs=self.ctx.codecs,
                     arena=arena,
                 )
-                if growing is not None:
-                    await growing.ready(growing.nbytes)  # the snapshot is whole
                 answer_read = time.perf_counter()
                 await in_thread(self._mix_answer, reply, sent)
             except RemoteRefused as error:
@@ -199,8 +189,6 @@ class PairwiseExchange:
                 self.ctx.failed(member, error)
                 return "failed"
         finally:
-            if growing is not None:
-                await growing.settled()  # the snapshot's worker is done with the buffer
             self._in_flight.discard(member.id)
             self._answer_arenas.give(arena)  # nothing views it any more
         self.ctx.membership.record_success(member.id)
@@ -214,27 +202,10 @@ class PairwiseExchange:
         return "ok"
 
     def _mix_answer(self, reply: Envelope, sent: torch.Tensor) -> None:
-        """Decode the neighbour's answer (validated: a typed error refuses it) and apply
-        the caller's half (:meth:`_add_locked`), in one worker thread.
-
-        A dense answer to a model nobody touched since the snapshot is adopted with
-        ``gossip.PairwiseGossip.caller_adopt``: its finiteness is checked chunk by chunk as
-        it is copied in (a non-finite answer restores the model and is refused as
-        ``non_finite``), instead of a pass for the check, a pass to prove the model finite
-        and a pass to copy."""
+        """Decode the neighbour's answer with the codec's full validation (a typed error
+        refuses it: a non-finite answer as ``non_finite``) and apply the caller's half
+        (:meth:`_add_locked`), in one worker thread."""
         codec = self.ctx.codecs[reply.codec]
-        own = self.ctx.flat.vector
-        if isinstance(codec, CompressorCodec) and _is_dense(codec) and not own.is_cuda:
-            answer = codec.decode(reply.payload, self.ctx.spec, finite=False)  # all but finiteness
-            with self.ctx.lock:
-                if self.ctx.lock.acquisitions == self._snapshot_taken + 1:
-                    try:
-                        PairwiseGossip.caller_adopt(own, sent, answer, chunk=_chunk_elements(own))
-                        return
-                    except ValueError:
-                        pass  # not finite: the model is restored; the full decode names it
-        # the general update (the model moved since the snapshot, or another codec), after
-        # the codec's full validation (a non-finite answer is refused as non_finite here)
         self._add_locked(codec.decode(reply.payload, self.ctx.spec), sent)
 
     def _add_locked(self, averaged: torch.Tensor, sent: torch.Tensor) -> None:
@@ -275,7 +246,8 @@ class PairwiseExchange:
         shape, in CPU memory."""
         own = self.ctx.flat.vector
         return (
-            self.pairwise_rule.answers_by_chunk
+            self.stream_answer
+            and self.pairwise_rule.answers_by_chunk
             and self._streams_dense()
             and other.device.type == "cpu"
             and other.dtype == own.dtype
@@ -325,8 +297,7 @@ class PairwiseExchange:
 
 
 STREAM_CHUNK_BYTES = 4 << 20
-"""Bytes of a streamed snapshot or average computed (and published), or of an answer adopted
-and checked (``caller_adopt``), at a time: large enough
+"""Bytes of a streamed average computed (and published) at a time: large enough
 that the rule's per-call cost is small, small enough that the first bytes go out early."""
 _HELD_BACK = 1024
 """Elements of a streamed answer published only once the average is committed."""
@@ -334,8 +305,3 @@ _HELD_BACK = 1024
 
 def _chunk_elements(vector: torch.Tensor) -> int:
     return max(1, STREAM_CHUNK_BYTES // vector.element_size())
-
-
-def _is_dense(codec: CompressorCodec) -> bool:
-    """The ``none`` codec (the model's raw values: decoding can leave finiteness out)."""
-    return isinstance(codec.compressor, compression.NoCompression)

@@ -24,19 +24,22 @@ the peer we signed for (:class:`~peer.protocol.errors.UnknownPeer` otherwise).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import math
 import secrets
 import ssl
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import aiohttp
 import torch
 
 from peer.protocol.auth import (
+    RESPONSE_SIGNATURE_HEADER,
     body_key,
     sign_request,
+    sign_response_digest,
     sign_stream_request,
     verify_response,
 )
@@ -48,6 +51,7 @@ from peer.protocol.errors import (
     UnknownPeer,
 )
 from peer.protocol.strict_json import expect_object, loads
+from peer.protocol.threads import in_thread
 from peer.protocol.wire import (
     MAX_VIEW_ENTRIES,
     Envelope,
@@ -56,6 +60,7 @@ from peer.protocol.wire import (
     check_version,
     envelope_object,
 )
+from peer.transport import socket_reads
 from peer.transport.body import MSGPACK, EnvelopeBody, read_envelope_object
 from peer.transport.receive import can_take_over, take_over
 
@@ -105,6 +110,19 @@ class PeerClient:
         ssl_context: client TLS context; when given, peers are called over ``https``.
         on_bytes: called as ``on_bytes("out", n)`` / ``on_bytes("in", n)`` with the body
             bytes of every request sent and response read (traffic accounting).
+        direct_reads: read a model-sized answer straight from the socket
+            (``peer.transport.receive``); ``False``: through aiohttp's stream, the same
+            bytes. ``None`` follows :data:`peer.transport.socket_reads.DIRECT_READS` when
+            the client is made.
+        stream_signed: with a secret, sign envelope calls (``/v1/exchange``,
+            ``/v1/state``) with the stream scheme, a Poly1305 tag computed as the body goes
+            out and as the answer comes in; ``False``: the digest scheme, the body's SHA-256
+            computed whole before it is sent and the answer's checked once it is read (the
+            callee must then admit a digest-signed model-sized body: its
+            ``max_unauthenticated_bytes``). The same bits either way.
+
+    ``direct_reads`` and ``stream_signed`` are kept as attributes of the same names, read at
+    every call.
 
     Every call takes ``receiver``, the id of the peer at ``address``: the request is signed
     for it and its answer must come from it. Leave it out only when the id is unknown (a
@@ -119,6 +137,8 @@ class PeerClient:
         max_body_bytes: int,
         ssl_context: ssl.SSLContext | None = None,
         on_bytes: Callable[[str, int], None] | None = None,
+        direct_reads: bool | None = None,
+        stream_signed: bool = True,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -129,6 +149,8 @@ class PeerClient:
         self.scheme = "https" if ssl_context is not None else "http"
         self._session: aiohttp.ClientSession | None = None
         self.on_bytes = on_bytes
+        self.direct_reads = socket_reads.DIRECT_READS if direct_reads is None else direct_reads
+        self.stream_signed = stream_signed
 
     async def __aenter__(self) -> PeerClient:
         return self
@@ -298,14 +320,17 @@ class PeerClient:
         receiver: str | None,
         arena: torch.Tensor | None,
     ) -> Any:
-        """One stream-signed call whose request and answer are envelopes: the request body
-        is written from its tensors' memory with its tag computed as it goes, the answer
-        parsed and authenticated as it arrives (``peer.transport.body``)."""
+        """One signed call whose request and answer are envelopes: the request body is
+        written from its tensors' memory, the answer parsed as it arrives
+        (``peer.transport.body``). Stream-signed (:attr:`stream_signed`): the tags are
+        computed as the bytes go; else digest-signed: the request's digest is computed
+        before it is sent, the answer's as it is read, and checked once it is whole."""
         secret = self.secret
+        stream = self.stream_signed
         nonce = secrets.token_hex(16)
         tag_key = (
             body_key(secret, nonce, "request")
-            if secret is not None and envelope is not None
+            if secret is not None and envelope is not None and stream
             else None
         )
         body = EnvelopeBody(envelope_object(envelope), tag_key=tag_key) if envelope else None
@@ -313,9 +338,16 @@ class PeerClient:
         headers: dict[str, str] = {}
         if secret is not None:
             assert receiver is not None  # a secret always resolves the receiver
-            headers.update(
-                sign_stream_request(secret, method, path, length, receiver=receiver, nonce=nonce)
-            )
+            if stream:
+                headers.update(
+                    sign_stream_request(
+                        secret, method, path, length, receiver=receiver, nonce=nonce
+                    )
+                )
+            else:
+                headers.update(
+                    await _digest_signed(secret, method, path, body, receiver=receiver, nonce=nonce)
+                )
         url = f"{self.scheme}://{address}{path}"
         obj: Any = None
         data = b""
@@ -335,10 +367,17 @@ class PeerClient:
                     data = await _read_capped(response, MAX_JSON_BYTES)
                 else:
                     response_key = (
-                        body_key(secret, nonce, "response", status) if secret is not None else None
+                        body_key(secret, nonce, "response", status)
+                        if secret is not None and stream
+                        else None
                     )
+                    digested = secret is not None and not stream
                     try:
-                        obj = await self._read_answer(response, arena, response_key, started)
+                        obj, digest = await self._read_answer(
+                            response, arena, response_key, started, digest=digested
+                        )
+                        if secret is not None and digest is not None:
+                            _check_answer_digest(secret, status, nonce, digest, response.headers)
                     except Unauthorized as error:
                         raise Unauthorized(
                             f"response signature missing or wrong: {error.detail}"
@@ -347,7 +386,7 @@ class PeerClient:
             raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
         finally:
             if body is not None:
-                await body.settled()  # a worker still filling the request (its snapshot)
+                await body.settled()  # a worker still filling a growing piece of it
                 body.release()
         if self.on_bytes is not None:
             self.on_bytes("out", length)
@@ -362,35 +401,48 @@ class PeerClient:
         arena: torch.Tensor | None,
         tag_key: bytes | None,
         started: float,
-    ) -> Any:
-        """An envelope answer, parsed and authenticated as it arrives. A model-sized one is
-        read straight into ``arena`` (``peer.transport.receive``), under what is left of the call's
-        total timeout (its connection gets a fresh parser, in step with it again); a
-        smaller one through aiohttp's stream."""
+        *,
+        digest: bool,
+    ) -> tuple[Any, str | None]:
+        """An envelope answer, parsed and authenticated (``tag_key``) or digested
+        (``digest``: its SHA-256 hex is returned) as it arrives. A model-sized one is read
+        straight into ``arena`` (``peer.transport.receive``, where :attr:`direct_reads`),
+        under what is left of the call's total timeout (its connection gets a fresh parser,
+        in step with it again); a smaller one through aiohttp's stream."""
         length = response.content_length
         connection = response.connection
         protocol = connection.protocol if connection is not None else None
         direct = None
-        if length is not None and protocol is not None and can_take_over(response.headers, length):
+        if (
+            self.direct_reads
+            and length is not None
+            and protocol is not None
+            and can_take_over(response.headers, length)
+        ):
             direct = take_over(protocol.transport, protocol, response.content, length=length)
         if direct is None:
-            obj, _ = await read_envelope_object(
+            return await read_envelope_object(
                 response.content,
                 length=length,
                 cap=self.max_body_bytes,
                 arena=arena,
                 tag_key=tag_key,
+                digest=digest,
             )
-            return obj
         read_whole = False
         try:
             deadline = started + (self.timeout.total or math.inf)
             async with asyncio.timeout_at(deadline if math.isfinite(deadline) else None):
-                obj, _ = await read_envelope_object(
-                    direct, length=length, cap=self.max_body_bytes, arena=arena, tag_key=tag_key
+                answer = await read_envelope_object(
+                    direct,
+                    length=length,
+                    cap=self.max_body_bytes,
+                    arena=arena,
+                    tag_key=tag_key,
+                    digest=digest,
                 )
             read_whole = True
-            return obj
+            return answer
         finally:
             if read_whole and protocol is not None:
                 # a fresh parser in step with the connection (the next request makes its
@@ -401,6 +453,34 @@ class PeerClient:
                 if protocol is not None:
                     protocol.force_close()
                 direct.abandon()
+
+
+async def _digest_signed(
+    secret: bytes,
+    method: str,
+    path: str,
+    body: EnvelopeBody | None,
+    *,
+    receiver: str,
+    nonce: str,
+) -> dict[str, str]:
+    """The digest-scheme headers of an envelope call (``peer.protocol.auth.sign_request``):
+    the body, once whole, joined and hashed in a worker thread."""
+    pieces = await body.written_pieces() if body is not None else []
+    return await in_thread(
+        lambda: sign_request(secret, method, path, b"".join(pieces), receiver=receiver, nonce=nonce)
+    )
+
+
+def _check_answer_digest(
+    secret: bytes, status: int, nonce: str, digest: str, headers: Mapping[str, str]
+) -> None:
+    """:func:`peer.protocol.auth.verify_response` for an answer whose SHA-256 hex ``digest``
+    was computed as it was read."""
+    got = headers.get(RESPONSE_SIGNATURE_HEADER, "")
+    want = sign_response_digest(secret, status, nonce, digest)[RESPONSE_SIGNATURE_HEADER]
+    if not hmac.compare_digest(got.encode(errors="replace"), want.encode()):
+        raise Unauthorized("response signature missing or wrong")
 
 
 def _from(envelope: Envelope, address: str, receiver: str | None) -> Envelope:

@@ -26,8 +26,9 @@ from peer.transport.service import DIRECT_READ, server_log
 __all__ = ["DIRECT_READS", "BodyRead", "DirectReads"]
 
 DIRECT_READS = True
-"""Whether apps built from now on read model-sized bodies straight from the socket (where
-aiohttp's internals allow); ``False`` chooses the plain fallback for every new app."""
+"""Whether apps and clients (``peer.transport.client.PeerClient``) made from now on read
+model-sized bodies straight from the socket (where aiohttp's internals allow); ``False``
+chooses the plain fallback, aiohttp's stream, for every new one."""
 
 _HANDLER_SLOTS = ("_parser", "_upgraded", "_loop")
 _STREAM_SLOTS = ("total_bytes",)
