@@ -24,36 +24,29 @@ the peer we signed for (:class:`~peer.protocol.errors.UnknownPeer` otherwise).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import math
 import secrets
 import ssl
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any
 
 import aiohttp
 import torch
 
 from peer.protocol.auth import (
-    RESPONSE_SIGNATURE_HEADER,
     body_key,
     sign_request,
-    sign_response_digest,
     sign_stream_request,
     verify_response,
 )
 from peer.protocol.errors import (
-    BodyTooLarge,
     MalformedBody,
-    ProtocolError,
     Unauthorized,
-    UnknownPeer,
 )
-from peer.protocol.strict_json import expect_object, loads
+from peer.protocol.strict_json import loads
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import (
-    MAX_VIEW_ENTRIES,
     Envelope,
     check_envelope,
     check_sender,
@@ -61,14 +54,21 @@ from peer.protocol.wire import (
     envelope_object,
 )
 from peer.transport import socket_reads
+from peer.transport.answers import (
+    MAX_JSON_BYTES,
+    PeerUnavailable,
+    RemoteRefused,
+    check_answer_digest,
+    check_view,
+    from_receiver,
+    raise_refusal,
+    read_capped,
+)
 from peer.transport.body import MSGPACK, EnvelopeBody, read_envelope_object
 from peer.transport.receive import can_take_over, take_over
 
-MAX_JSON_BYTES = 1 << 20
-"""Cap on a JSON answer (a view, a status, an error body): the server's cap on JSON bodies."""
-MAX_DETAIL_CHARS = 500
-"""Longest refusal detail kept from a neighbour's error body (the rest is cut)."""
-_CODE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+__all__ = ["EXPECT_CONTINUE_BYTES", "PeerClient", "PeerUnavailable", "RemoteRefused"]
+
 _NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 """What aiohttp raises for an unreachable, slow or broken neighbour (HTTP framing errors
 included: aiohttp reports them as ``ClientResponseError``/``ClientPayloadError``)."""
@@ -78,26 +78,6 @@ EXPECT_CONTINUE_BYTES = 1 << 20
 """A model body of at least this many bytes is sent with ``Expect: 100-continue``: the callee
 refuses a busy or unauthenticated exchange on its headers, before the model crosses the
 network (one round trip more per exchange, against a model-sized transfer saved per refusal)."""
-
-
-class PeerUnavailable(Exception):
-    """A neighbour could not be reached, timed out, or failed (5xx)."""
-
-    def __init__(self, address: str, reason: str) -> None:
-        super().__init__(f"{address}: {reason}")
-        self.address = address
-        self.reason = reason
-
-
-class RemoteRefused(Exception):
-    """A neighbour refused our request with a 4xx and a JSON error body."""
-
-    def __init__(self, address: str, status: int, code: str, detail: str) -> None:
-        super().__init__(f"{address} refused with {status} {code}: {detail}")
-        self.address = address
-        self.status = status
-        self.code = code
-        self.detail = detail
 
 
 class PeerClient:
@@ -180,7 +160,7 @@ class PeerClient:
         """
         status, data, _ = await self._send("GET", address, "/v1/status", b"", {}, MAX_JSON_BYTES)
         if status >= 300:
-            _raise_refusal(address, status, data)
+            raise_refusal(address, status, data)
         what = f"status of {address}"
         obj = loads(data, what=what, max_bytes=MAX_JSON_BYTES)
         if not isinstance(obj, dict) or "v" not in obj or "id" not in obj:
@@ -224,7 +204,7 @@ class PeerClient:
             self.on_bytes("out", len(body))
             self.on_bytes("in", len(data))
         if status >= 300:
-            _raise_refusal(address, status, data)
+            raise_refusal(address, status, data)
         if self.secret is not None and nonce is not None:
             verify_response(self.secret, status, nonce, data, response_headers)
         return data
@@ -245,7 +225,7 @@ class PeerClient:
                 method, url, data=body or None, headers=headers, allow_redirects=False
             ) as response:
                 status = response.status
-                data = await _read_capped(response, cap if status < 300 else MAX_JSON_BYTES)
+                data = await read_capped(response, cap if status < 300 else MAX_JSON_BYTES)
                 return status, data, response.headers
         except _NETWORK_ERRORS as error:
             raise PeerUnavailable(address, f"{type(error).__name__}: {error}") from error
@@ -301,7 +281,7 @@ class PeerClient:
         """
         to = await self._receiver(address, receiver)
         obj = await self._envelope_call("POST", address, "/v1/exchange", envelope, to, arena)
-        return _from(check_envelope(obj, codecs=codecs), address, to)
+        return from_receiver(check_envelope(obj, codecs=codecs), address, to)
 
     async def state(
         self, address: str, *, codecs: Collection[str], receiver: str | None = None
@@ -309,7 +289,7 @@ class PeerClient:
         """``GET /v1/state``: the neighbour's full model as a dense envelope."""
         to = await self._receiver(address, receiver)
         obj = await self._envelope_call("GET", address, "/v1/state", None, to, None)
-        return _from(check_envelope(obj, codecs=codecs), address, to)
+        return from_receiver(check_envelope(obj, codecs=codecs), address, to)
 
     async def _envelope_call(
         self,
@@ -364,7 +344,7 @@ class PeerClient:
                 status = response.status
                 received = response.content_length or 0
                 if status >= 300:
-                    data = await _read_capped(response, MAX_JSON_BYTES)
+                    data = await read_capped(response, MAX_JSON_BYTES)
                 else:
                     response_key = (
                         body_key(secret, nonce, "response", status)
@@ -377,7 +357,7 @@ class PeerClient:
                             response, arena, response_key, started, digest=digested
                         )
                         if secret is not None and digest is not None:
-                            _check_answer_digest(secret, status, nonce, digest, response.headers)
+                            check_answer_digest(secret, status, nonce, digest, response.headers)
                     except Unauthorized as error:
                         raise Unauthorized(
                             f"response signature missing or wrong: {error.detail}"
@@ -392,7 +372,7 @@ class PeerClient:
             self.on_bytes("out", length)
             self.on_bytes("in", received)
         if status >= 300:
-            _raise_refusal(address, status, data)
+            raise_refusal(address, status, data)
         return obj
 
     async def _read_answer(
@@ -470,90 +450,3 @@ async def _digest_signed(
     return await in_thread(
         lambda: sign_request(secret, method, path, b"".join(pieces), receiver=receiver, nonce=nonce)
     )
-
-
-def _check_answer_digest(
-    secret: bytes, status: int, nonce: str, digest: str, headers: Mapping[str, str]
-) -> None:
-    """:func:`peer.protocol.auth.verify_response` for an answer whose SHA-256 hex ``digest``
-    was computed as it was read."""
-    got = headers.get(RESPONSE_SIGNATURE_HEADER, "")
-    want = sign_response_digest(secret, status, nonce, digest)[RESPONSE_SIGNATURE_HEADER]
-    if not hmac.compare_digest(got.encode(errors="replace"), want.encode()):
-        raise Unauthorized("response signature missing or wrong")
-
-
-def _from(envelope: Envelope, address: str, receiver: str | None) -> Envelope:
-    """``envelope`` if it was sent by ``receiver`` (when known), else :class:`UnknownPeer`."""
-    if receiver is not None and envelope.sender != receiver:
-        raise UnknownPeer(f"{address} answered as {envelope.sender!r}, not {receiver!r}")
-    return envelope
-
-
-def check_view(data: bytes, *, what: str, receiver: str | None) -> dict[str, Any]:
-    """A JSON membership view (the answer to ``/v1/join`` and ``/v1/peers``), decoded strictly.
-
-    Exactly ``{"v": <this protocol version>, "id": <peer id>, "peers": [...]}`` with at most
-    :data:`~peer.protocol.wire.MAX_VIEW_ENTRIES` entries, from ``receiver`` when known. The
-    entries themselves are validated one by one by :meth:`peer.node.membership.Membership.merge`,
-    which skips (and logs) the bad ones. Raises only typed protocol errors.
-    """
-    obj = loads(data, what=what, max_bytes=MAX_JSON_BYTES)
-    checked = expect_object(obj, what=what, required={"v": int, "id": str, "peers": list})
-    check_version(checked["v"], field_name=f"{what}: v")
-    sender = check_sender(checked["id"], field_name=f"{what}: id")
-    if receiver is not None and sender != receiver:
-        raise UnknownPeer(f"{what} comes from {sender!r}, not from {receiver!r}")
-    if len(checked["peers"]) > MAX_VIEW_ENTRIES:
-        raise MalformedBody(
-            f"{what}: peers has {len(checked['peers'])} entries, at most {MAX_VIEW_ENTRIES}"
-        )
-    return checked
-
-
-def parse_refusal(data: bytes) -> tuple[str, str]:
-    """``(code, detail)`` of a neighbour's error body: the documented JSON
-    ``{"error": <code>, "detail": <text>}`` (other keys ignored), decoded strictly; anything
-    else is code ``unknown`` with the body's start as detail. The code is lower-case
-    ``[a-z0-9_]``, at most 64 characters; the detail printable, at most
-    :data:`MAX_DETAIL_CHARS` (a neighbour's text goes into our logs)."""
-    code, detail = "unknown", data[:200].decode("utf-8", errors="replace")
-    try:
-        obj = loads(data, what="error body", max_bytes=MAX_JSON_BYTES, max_depth=2)
-    except ProtocolError:
-        obj = None
-    if isinstance(obj, dict) and isinstance(obj.get("error"), str):
-        error = obj["error"]
-        if 0 < len(error) <= 64 and set(error) <= _CODE_CHARS:
-            code = error
-            detail = obj["detail"] if isinstance(obj.get("detail"), str) else ""
-    detail = detail[:MAX_DETAIL_CHARS]
-    return code, "".join(c if c.isprintable() else "?" for c in detail)
-
-
-def _raise_refusal(address: str, status: int, data: bytes) -> None:
-    """A 5xx as :class:`PeerUnavailable`; a 4xx (a refusal: nothing was applied, so it need
-    not be signed) as :class:`RemoteRefused` with its code and detail (:func:`parse_refusal`); a
-    3xx (the protocol never redirects, and we follow none) as :class:`MalformedBody`."""
-    if status >= 500:
-        raise PeerUnavailable(address, f"HTTP {status}")
-    if status < 400:
-        raise MalformedBody(f"{address} answered HTTP {status}; the protocol never redirects")
-    code, detail = parse_refusal(data)
-    raise RemoteRefused(address, status, code, detail)
-
-
-async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
-    """The response body, refusing more than ``cap`` bytes before buffering them."""
-    length = response.content_length
-    if length is not None:
-        if length > cap:
-            raise BodyTooLarge(f"response has {length} bytes, the cap is {cap}")
-        return await response.read()
-    chunks, total = [], 0
-    async for chunk in response.content.iter_chunked(1 << 20):
-        total += len(chunk)
-        if total > cap:
-            raise BodyTooLarge(f"response exceeds the cap of {cap} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
