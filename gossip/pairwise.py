@@ -60,7 +60,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from consensus import Aggregator, WeightedMean, all_finite
+from consensus import Aggregator, WeightedMean
 from gossip.algorithms import DecentralizedSGD, _aggregator, _compressor
 from gossip.compression import Compressor, ErrorFeedback
 from gossip.settings import ConfigurationError
@@ -210,30 +210,6 @@ class PairwiseGossip:
                 return own.copy_(answer)
             own.add_(answer).sub_(sent)
             own[unchanged] = answer[unchanged]
-        return own
-
-    @staticmethod
-    def caller_adopt(own: Tensor, sent: Tensor, answer: Tensor, *, chunk: int) -> Tensor:
-        """:meth:`caller_update` for a caller whose model is still, bit for bit, the snapshot
-        it sent (a runner that knows nothing wrote it since), with the answer's validation
-        folded in: ``own <- answer`` ``chunk`` elements at a time, each chunk checked finite
-        right after it is written (while it is in cache) instead of in a pass of its own.
-
-        A non-finite ``answer`` restores ``own`` from ``sent`` (bit for bit as before) and
-        raises ``ValueError``. For a finite ``answer`` this equals
-        :meth:`caller_update` ``(own, own, answer)`` (where ``own`` is finite, as the snapshot
-        a callee accepted is). Call it under the model's lock. Returns ``own``.
-        """
-        _check_chunks(chunk, own=own, sent=sent, answer=answer)
-        numel = own.numel()
-        with torch.no_grad():
-            answer = answer.to(device=own.device, dtype=own.dtype)
-            for start in range(0, numel, chunk):
-                end = min(numel, start + chunk)
-                part = own[start:end].copy_(answer[start:end])
-                if not all_finite(part):
-                    own[:end].copy_(sent[:end].to(device=own.device, dtype=own.dtype))
-                    raise ValueError("answer contains NaN or Inf values")
         return own
 
     # ------------------------------------------------------------------ batched driver

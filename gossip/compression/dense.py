@@ -81,13 +81,10 @@ class NoCompression(Compressor):
     def _parse(self, payload: Mapping[str, Any], d: int) -> dict[str, Tensor]:
         return _dense_fields(payload, d, tuple(WIRE_DTYPES), "", finite=False)
 
-    def decode(self, payload: Mapping[str, Any], d: int, *, finite: bool = True) -> Tensor:
-        """Validate and view the payload's bytes. ``finite=False`` leaves out the finiteness
-        check (one pass over the values), for a receiver that checks the values itself as
-        it uses them (``gossip.PairwiseGossip.caller_adopt``); every other check runs."""
+    def decode(self, payload: Mapping[str, Any], d: int) -> Tensor:
+        """Validate and view the payload's bytes (finite values only)."""
         values = super().decode(payload, d)
-        if finite:
-            require_finite(values, "data")
+        require_finite(values, "data")
         return values
 
 

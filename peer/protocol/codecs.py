@@ -116,13 +116,9 @@ class CompressorCodec:
         pack it before writing into ``vector``)."""
         return dict(self.compressor.encode(vector, self.generator))
 
-    def decode(
-        self, payload: Mapping[str, Any], spec: ModelSpec, *, finite: bool = True
-    ) -> torch.Tensor:
+    def decode(self, payload: Mapping[str, Any], spec: ModelSpec) -> torch.Tensor:
         """The validated ``[spec.numel]`` vector in ``spec.dtype``; a typed
-        :class:`~peer.protocol.errors.ProtocolError` for anything wrong. ``finite=False`` (the ``none``
-        codec only) leaves the finiteness of the values to the caller, who checks them as it
-        uses them (``peer.node.pairwise``: the caller adopting an answer)."""
+        :class:`~peer.protocol.errors.ProtocolError` for anything wrong."""
         if not isinstance(payload, Mapping):
             raise MalformedBody(f"payload must be a map, got {type(payload).__name__}")
         if "codec" not in payload:
@@ -132,12 +128,7 @@ class CompressorCodec:
         if self.compressor.lossless:
             _require_model_dtype(payload, spec)
         try:
-            if finite:
-                decoded = compression.decode(payload, spec.numel)
-            elif isinstance(self.compressor, compression.NoCompression):
-                decoded = self.compressor.decode(payload, spec.numel, finite=False)
-            else:
-                raise ValueError(f"finite=False decodes only the none codec, not {self.name!r}")
+            decoded = compression.decode(payload, spec.numel)
         except compression.PayloadError as error:
             raise _typed(error) from None
         return decoded.to(spec.dtype)

@@ -359,21 +359,6 @@ def test_dense_fields_are_viewed_without_a_copy() -> None:
         assert decode(received, 1000).dtype == torch.float32
 
 
-def test_none_leaves_finiteness_to_a_receiver_that_asks_and_checks_everything_else() -> None:
-    """``decode(..., finite=False)``: the values as sent, NaN included, for a receiver that
-    checks them as it uses them; the other checks still run."""
-    x = torch.tensor([1.0, math.nan, 3.0])
-    payload = wire(NoCompression().encode(x))
-    with pytest.raises(PayloadError) as caught:
-        NoCompression().decode(payload, 3)
-    assert caught.value.kind == "non_finite"
-    decoded = NoCompression().decode(payload, 3, finite=False)
-    assert torch.equal(decoded[[0, 2]], x[[0, 2]]) and torch.isnan(decoded[1])
-    with pytest.raises(PayloadError) as short:
-        NoCompression().decode(payload, 4, finite=False)
-    assert short.value.kind == "length"
-
-
 @pytest.mark.parametrize("order", ["<", ">"])
 @pytest.mark.parametrize("dtype", ["f8", "f4", "f2", "i2"])
 def test_bytes_in_either_byte_order_decode_to_native_values(order: str, dtype: str) -> None:

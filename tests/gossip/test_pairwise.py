@@ -3,8 +3,6 @@ sum does with each codec, robust 2-input rules, and the caller keeping its local
 
 from __future__ import annotations
 
-import math
-
 import msgpack
 import pytest
 import torch
@@ -213,39 +211,3 @@ def test_callee_answer_by_chunk_is_the_mean_only_and_commits_nothing_on_failure(
     with pytest.raises(ValueError):
         PairwiseGossip().callee_answer_by_chunk(own, torch.ones(4), torch.empty(4), chunk=2)
     assert torch.equal(own[:3], before[:3]) and torch.isnan(own[3])
-
-
-@pytest.mark.parametrize("chunk", [1, 3, 1000])
-def test_caller_adopt_takes_a_finite_answer_as_caller_update_does(chunk: int) -> None:
-    g = torch.Generator().manual_seed(1)
-    own, answer = torch.randn(10, generator=g), torch.randn(10, generator=g)
-    sent = own.clone()
-    expected = PairwiseGossip.caller_update(own.clone(), own.clone(), answer)
-    assert PairwiseGossip.caller_adopt(own, sent, answer, chunk=chunk) is own
-    assert torch.equal(own, expected) and torch.equal(own, answer)
-
-
-@pytest.mark.parametrize("bad", [0, 4, 9])
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-def test_caller_adopt_restores_the_model_bit_for_bit_on_a_non_finite_answer(
-    bad: int, value: float
-) -> None:
-    g = torch.Generator().manual_seed(2)
-    own = torch.randn(10, generator=g)
-    sent, before = own.clone(), own.clone()
-    answer = torch.randn(10, generator=g)
-    answer[bad] = value
-    with pytest.raises(ValueError, match="NaN or Inf"):
-        PairwiseGossip.caller_adopt(own, sent, answer, chunk=3)  # chunks before `bad` adopted
-    assert torch.equal(own.view(torch.int32), before.view(torch.int32))
-
-
-def test_caller_adopt_refuses_shapes_and_chunks_it_cannot_take() -> None:
-    with pytest.raises(ValueError, match="one \\[d\\] shape"):
-        PairwiseGossip.caller_adopt(torch.zeros(3), torch.zeros(3), torch.zeros(4), chunk=1)
-    with pytest.raises(ValueError, match="one \\[d\\] shape"):
-        PairwiseGossip.caller_adopt(
-            torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), chunk=1
-        )
-    with pytest.raises(ValueError, match="chunk must be >= 1"):
-        PairwiseGossip.caller_adopt(torch.zeros(3), torch.zeros(3), torch.zeros(3), chunk=0)
