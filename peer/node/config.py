@@ -269,13 +269,20 @@ class PeerConfig:
             )
 
     def _check_fanout(self) -> None:
-        """``fanout`` is an async setting: resolved there, an error in sync mode."""
+        """``fanout`` and ``max_serving_share`` are async settings: an error in sync mode
+        (``max_serving_share`` other than its default)."""
         if self.mode == "sync":
             if self.fanout is not None:
                 raise _error(
                     "fanout",
                     f"async mode only ({self.algorithm} rounds exchange with every neighbour, "
                     f"or the topology's); got {self.fanout!r}, leave it unset",
+                )
+            if self.max_serving_share != DEFAULT_SERVING_SHARE:
+                raise _error(
+                    "max_serving_share",
+                    f"async mode only ({self.algorithm} rounds serve each neighbour once a "
+                    f"round); got {self.max_serving_share!r}, leave it unset",
                 )
             return
         if self.fanout is None:

@@ -94,6 +94,16 @@ def test_a_fanout_on_a_sync_peer_is_refused_naming_the_flag() -> None:
     )
 
 
+def test_a_serving_share_on_a_sync_peer_is_refused_naming_the_flag() -> None:
+    result = gossipnet(
+        "peer", "--id", "a", "--mode", "sync", "--max-serving-share", "0.8", *WORKLOAD
+    )
+    assert one_error_line(result) == (
+        "gossipnet peer: error: --max-serving-share: async mode only (dpsgd rounds serve each "
+        "neighbour once a round); got 0.8, leave it unset"
+    )
+
+
 def test_an_invalid_choice_lists_the_allowed_values_in_the_one_format() -> None:
     assert one_error_line(gossipnet("peer", "--id", "a", "--mode", "gossip")) == (
         "gossipnet peer: error: --mode: invalid choice 'gossip'; allowed: async, sync"
