@@ -62,7 +62,8 @@ from peer.app.peer_flags import (
     CONFIG_FIELDS,
     peer_parser,
 )
-from peer.app.run import build_peer, human_bytes, run_peer
+from peer.app.run import build_peer, run_peer
+from peer.app.status import human_bytes
 from peer.app.usage import (
     OneLineParser,
     UsageError,

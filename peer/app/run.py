@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from peer.app.status import human_bytes
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.logbook import Logbook
 from peer.node.model_file import save_model, sidecar_path
@@ -302,15 +303,6 @@ async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
                     await asyncio.wait_for(stop.wait(), 0.5)
         finally:  # the last frame stays on screen: the final state
             live.update(line(), refresh=True)
-
-
-def human_bytes(value: float) -> str:
-    """``1536`` -> ``"1.5 KB"`` (powers of 1000, as network rates are quoted)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(value) < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} GB"  # pragma: no cover
 
 
 def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
