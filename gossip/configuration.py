@@ -33,6 +33,7 @@ from gossip.algorithms import (
     PushSum,
 )
 from gossip.compression import build_compressor
+from gossip.outer import DiLoCo, NoLoCo, SparseLoCo
 from gossip.pairwise import PairwiseGossip
 from gossip.settings import (
     DENSE_COMPRESSORS,
@@ -58,6 +59,12 @@ GOSSIP_ALGORITHMS: dict[str, str] = {
     "push-sum": "stochastic gradient push on directed graphs (Assran et al., ICML 2019)",
     "choco": "CHOCO-SGD, compressed differences (Koloskova et al., ICML 2019)",
     "ad-psgd": "asynchronous pairwise gossip AD-PSGD (Lian et al., ICML 2018)",
+    "diloco": "H inner steps, then an outer optimizer on the mixed pseudo-gradients "
+    "(Douillard et al. 2023; gossip-DiLoCo on a sparse topology)",
+    "noloco": "DiLoCo without all-reduce: one random partner per outer step "
+    "(Kolehmainen et al. 2025)",
+    "sparseloco": "DiLoCo with error feedback and sparse low-bit pseudo-gradients "
+    "(Sarfi et al. 2025)",
 }
 """The decentralized algorithms both runners drive, with a one-line description."""
 
@@ -155,8 +162,9 @@ class GossipConfig:
     @property
     def needs_topology(self) -> bool:
         """Whether the weights must come from a known graph: push-sum needs each column of
-        P to sum to one, CHOCO a symmetric W over fixed neighbours whose copies it keeps."""
-        return self.algorithm in ("push-sum", "choco")
+        P to sum to one, CHOCO a symmetric W over fixed neighbours whose copies it keeps,
+        NoLoCo the round's matching (``random-matching``)."""
+        return self.algorithm in ("push-sum", "choco", "noloco")
 
     @property
     def pairwise(self) -> bool:
@@ -204,6 +212,8 @@ def build_algorithm(config: GossipConfig) -> GossipAlgorithm:
     :func:`gossip.pairwise.ad_psgd`); its runners drive the pairwise exchange.
     """
     compressor = build_compressor(config.compressor or "none")
+    if config.algorithm in ("diloco", "noloco", "sparseloco"):
+        return _outer(config, compressor)
     if config.algorithm == "push-sum":
         return PushSum(
             order=config.order,  # type: ignore[arg-type]
@@ -224,3 +234,18 @@ def build_algorithm(config: GossipConfig) -> GossipAlgorithm:
     )
     algorithm.name = config.algorithm
     return algorithm
+
+
+def _outer(config: GossipConfig, compressor: Any) -> GossipAlgorithm:
+    """The outer-optimizer family (``gossip.outer``) a validated config names."""
+    common: dict[str, Any] = {
+        "local_steps": int(config.local_steps),
+        "outer_optimizer": config.outer_optimizer,
+        "aggregator": consensus.build(config.aggregator),
+        "compressor": compressor,
+    }
+    if config.algorithm == "noloco":
+        return NoLoCo(consensus_step=float(config.consensus_step), **common)
+    if config.algorithm == "sparseloco":
+        return SparseLoCo(error_feedback=float(config.error_feedback), **common)
+    return DiLoCo(**common)

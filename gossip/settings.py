@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import consensus
 from gossip.algorithms import ORDERS
 from gossip.compression import build_compressor
+from gossip.outer import check_outer_optimizer
 
 __all__ = [
     "DENSE_COMPRESSORS",
@@ -139,7 +140,14 @@ def _order(value: Any, algorithm: str) -> str:
     return str(value)
 
 
-_MINIMUM_LOCAL_STEPS = {"local-sgd": 2}
+_MINIMUM_LOCAL_STEPS = {"local-sgd": 2, "diloco": 1, "noloco": 1, "sparseloco": 1}
+
+OUTER_FAMILY = ("diloco", "noloco", "sparseloco")
+"""The algorithms with an outer optimizer over H inner steps (``gossip.outer``)."""
+
+ANY_COMPRESSOR = ("choco", "sparseloco")
+"""Algorithms that send differences a lossy codec may drop coordinates of: CHOCO (against
+public copies) and SparseLoCo (whose error feedback keeps what was not sent)."""
 
 
 def _local_steps(value: Any, algorithm: str) -> int:
@@ -161,13 +169,35 @@ def _compressor(value: Any, algorithm: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be a compressor spec string (e.g. 'fp16'); got {value!r}")
     codec = build_compressor(value).codec  # its ValueError names the spec
-    if algorithm != "choco" and codec not in DENSE_COMPRESSORS:
+    if algorithm not in ANY_COMPRESSOR and codec not in DENSE_COMPRESSORS:
+        what = "pseudo-gradient" if algorithm in OUTER_FAMILY else "model"
         raise ValueError(
-            f"{codec} drops most coordinates of the model {algorithm} sends, which the "
-            f"receiver then mixes in as zeros; use {', '.join(DENSE_COMPRESSORS)}, or "
-            "choco, which sends compressed differences"
+            f"{codec} drops most coordinates of the {what} {algorithm} sends, and nothing "
+            f"keeps them for later; use {', '.join(DENSE_COMPRESSORS)}, or choco or "
+            "sparseloco, which keep what was not sent"
         )
     return value
+
+
+def _outer_optimizer(value: Any, algorithm: str) -> str:
+    name, options = check_outer_optimizer(value)  # its ValueError names the bad part
+    if algorithm == "noloco" and (name != "sgd" or options["nesterov"]):
+        raise ValueError(
+            "noloco's outer step is SGD with (heavy-ball) momentum, e.g. "
+            f"'sgd:lr=0.7,momentum=0.5'; got {value!r}"
+        )
+    return str(value)
+
+
+def _error_feedback(value: Any, algorithm: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value < 1
+    ):
+        raise ValueError(f"must be in [0, 1); got {value!r}")
+    return float(value)
 
 
 def _consensus_step(value: Any, algorithm: str) -> float:
@@ -196,17 +226,20 @@ SETTINGS: tuple[Setting, ...] = (
             "local-sgd": "adapt-then-combine",
             "choco": "adapt-then-combine",
             "ad-psgd": "combine-then-adapt",
+            "diloco": "adapt-then-combine",
+            "noloco": "adapt-then-combine",
+            "sparseloco": "adapt-then-combine",
         },
     ),
     Setting(
         name="local_steps",
         type=int,
         default=1,
-        allowed="an integer >= 0 (local-sgd: >= 2; a peer: >= 1)",
-        help="optimizer steps per exchange",
-        readers=("dpsgd", "local-sgd", "push-sum", "choco"),
+        allowed="an integer >= 0 (local-sgd: >= 2; diloco, noloco, sparseloco, a peer: >= 1)",
+        help="optimizer steps per exchange (the outer family's H: inner steps per outer step)",
+        readers=("dpsgd", "local-sgd", "push-sum", "choco", *OUTER_FAMILY),
         check=_local_steps,
-        defaults={"local-sgd": 4},
+        defaults={"local-sgd": 4, "diloco": 50, "noloco": 50, "sparseloco": 50},
         fixed={"ad-psgd": 1},
         metavar="N",
     ),
@@ -215,9 +248,10 @@ SETTINGS: tuple[Setting, ...] = (
         type=str,
         default="mean",
         allowed="a consensus spec (mean, trimmed-mean:b=1, krum:f=1, ...; gossipnet consensus)",
-        help="the rule that combines the models a node mixes; it must be able to run on the "
-        "smallest neighbourhood (ad-psgd: the pair's 2 models)",
-        readers=("dpsgd", "local-sgd", "ad-psgd"),
+        help="the rule that combines the models (the outer family: the pseudo-gradients) a "
+        "node mixes; it must be able to run on the smallest neighbourhood (ad-psgd: the "
+        "pair's 2 models)",
+        readers=("dpsgd", "local-sgd", "ad-psgd", *OUTER_FAMILY),
         check=_aggregator,
         metavar="SPEC",
     ),
@@ -225,10 +259,13 @@ SETTINGS: tuple[Setting, ...] = (
         name="compressor",
         type=str,
         default="none",
-        allowed="none, fp16, bf16, qsgd[:bits=B]; choco: topk[:ratio=R], randk[:ratio=R] too",
-        help="compressor of the models (choco: of the differences) a node sends",
-        readers=("dpsgd", "local-sgd", "push-sum", "choco", "ad-psgd"),
+        allowed="none, fp16, bf16, qsgd[:bits=B]; choco and sparseloco: any codec "
+        "(topk[:ratio=R], randk[:ratio=R], ...; gossipnet compressors) too",
+        help="compressor of what a node sends (its model; choco: differences; the outer "
+        "family: pseudo-gradients, noloco with its slow weights)",
+        readers=("dpsgd", "local-sgd", "push-sum", "choco", "ad-psgd", *OUTER_FAMILY),
         check=_compressor,
+        defaults={"sparseloco": "topk:ratio=0.02"},
         metavar="SPEC",
     ),
     Setting(
@@ -236,10 +273,35 @@ SETTINGS: tuple[Setting, ...] = (
         type=float,
         default=0.5,
         allowed="(0, 1]",
-        help="CHOCO's consensus step gamma",
-        readers=("choco",),
+        help="CHOCO's consensus step gamma; NoLoCo's pull gamma towards the pair's mean slow "
+        "weights",
+        readers=("choco", "noloco"),
         check=_consensus_step,
+        defaults={"noloco": 0.7},
         metavar="GAMMA",
+    ),
+    Setting(
+        name="outer_optimizer",
+        type=str,
+        default="sgd:lr=0.7,momentum=0.9,nesterov=true",
+        allowed="sgd[:lr=,momentum=,nesterov=,weight_decay=], adam[:lr=,beta1=,beta2=,eps=,"
+        "weight_decay=], adamw[...] (noloco: sgd with momentum, no nesterov)",
+        help="the outer optimizer on the slow weights, stepped with the mixed "
+        "pseudo-gradient (noloco: lr is beta, momentum mu)",
+        readers=OUTER_FAMILY,
+        check=_outer_optimizer,
+        defaults={"noloco": "sgd:lr=0.7,momentum=0.5", "sparseloco": "sgd:lr=1"},
+        metavar="SPEC",
+    ),
+    Setting(
+        name="error_feedback",
+        type=float,
+        default=0.95,
+        allowed="[0, 1)",
+        help="SparseLoCo's decay beta of the error-feedback buffer (e <- beta e + Delta)",
+        readers=("sparseloco",),
+        check=_error_feedback,
+        metavar="BETA",
     ),
 )
 """Every algorithm setting, in the order records, docs and help list them."""

@@ -172,6 +172,12 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
     if name == "centralized":
         return Centralized()
     if name == "allreduce":
+        if a.outer_optimizer is not None:
+            from gossip.outer import DiLoCo
+            from sim.outer_allreduce import OuterAllReduce
+
+            rule = DiLoCo(local_steps=a.setting("local_steps"), outer_optimizer=a.outer_optimizer)
+            return OuterAllReduce(rule, config.workload.peers)
         return RingAllReduce()
     if name == "parameter-server":
         return ParameterServer(

@@ -36,7 +36,7 @@ A complete file (every key optional except where noted)::
     cache_dir = "~/.cache/gossipnet"  # generated data sets (default: $GOSSIPNET_CACHE or this)
 
     [optimizer]
-    name = "sgd"                   # or "adam"
+    name = "sgd"                   # or "adam", "adamw"
     lr = 0.1
     momentum = 0.0
     weight_decay = 0.0
@@ -53,7 +53,10 @@ A complete file (every key optional except where noted)::
     local_steps = 1
     aggregator = "mean"            # consensus rule spec
     compressor = "none"            # gossip compressor spec
-    consensus_step = 0.5           # choco
+    consensus_step = 0.5           # choco (noloco: its pull gamma)
+    outer_optimizer = "sgd:lr=0.7,momentum=0.9,nesterov=true"  # diloco, noloco, sparseloco;
+                                   # allreduce with it: DiLoCo over an exact all-reduce
+    error_feedback = 0.95          # sparseloco
 
     [network]
     latency = 1e-4                 # seconds per message (alpha); or one value per peer [..]
@@ -103,12 +106,14 @@ from gossip.configuration import (
     ConfigurationError,
     GossipConfig,
 )
+from gossip.outer import check_outer_optimizer
 from gossip.settings import SETTING_NAMES, setting_fields
 from sim.algorithms import (
     OptimizerConfig,
 )
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
+from sim.optimizers import OPTIMIZERS
 from sim.paths import resolve_experiment_paths
 from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
@@ -122,7 +127,8 @@ USER_GRAPH = "graph"
 """``algorithm.topology`` that runs the experiment's ``[graph]`` table (a user's graph)."""
 BASELINES: dict[str, str] = {
     "centralized": "one model on all data, the peers' combined batch (accuracy ceiling)",
-    "allreduce": "synchronous SGD, exact gradient average by ring all-reduce",
+    "allreduce": "synchronous SGD, exact gradient average by ring all-reduce; with "
+    "outer_optimizer: DiLoCo (H local steps, exact mean pseudo-gradient, outer step)",
     "parameter-server": "synchronous parameter server (shards)",
     "async-parameter-server": "asynchronous parameter server, stale gradients",
     "easgd": "elastic averaging SGD (alpha, period)",
@@ -137,7 +143,7 @@ ALGORITHMS: dict[str, str] = {
     },
 }
 """Every algorithm name with what it is and the ``[algorithm]`` keys it reads."""
-OPTIMIZERS = ("sgd", "adam")
+
 INITS = ("same", "independent")
 
 
@@ -243,7 +249,7 @@ class WorkloadConfig:
 
 BASELINE_FIELDS: dict[str, tuple[str, ...]] = {
     "centralized": (),
-    "allreduce": (),
+    "allreduce": ("local_steps", "outer_optimizer"),
     "parameter-server": ("shards",),
     "async-parameter-server": (),
     "easgd": ("alpha", "period"),
@@ -257,6 +263,7 @@ _BASELINE_DEFAULTS: dict[str, Any] = {
     "period": 1,
     "fraction": 1.0,
     "local_steps": 1,
+    "outer_optimizer": None,
 }
 
 
@@ -336,6 +343,18 @@ class AlgorithmConfig:
             _float("algorithm.fraction", self.fraction, 0.0, 1.0, open_low=True)
         if self.local_steps is not None:
             _int("algorithm.local_steps", self.local_steps, 1)
+        if self.outer_optimizer is not None:
+            try:
+                check_outer_optimizer(self.outer_optimizer)
+            except ValueError as error:
+                raise _fail("algorithm.outer_optimizer", str(error)) from None
+        elif self.name == "allreduce" and self.local_steps not in (None, 1):
+            raise _fail(
+                "algorithm.local_steps",
+                "allreduce averages gradients every step; with local steps it needs "
+                "algorithm.outer_optimizer (DiLoCo: 'sgd:lr=0.7,momentum=0.9,nesterov=true'; "
+                "plain periodic averaging: 'sgd:lr=1')",
+            )
 
     def reads(self) -> tuple[str, ...]:
         """The keys this algorithm reads (besides ``name``)."""

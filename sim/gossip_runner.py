@@ -68,8 +68,14 @@ class _Hood:
 
 
 def _row_tensors(state: Any, n: int) -> list[Tensor]:
-    """The per-node tensors ``[n, ...]`` of an algorithm's state dataclass."""
-    values = [getattr(state, f.name) for f in dataclasses.fields(state)]
+    """The per-node tensors ``[n, ...]`` of an algorithm's state: its ``row_tensors()`` where
+    the state lists them (an outer optimizer's buffers live outside the dataclass fields),
+    else the tensors among its dataclass fields."""
+    listed = getattr(state, "row_tensors", None)
+    if callable(listed):
+        values = list(listed())
+    else:
+        values = [getattr(state, f.name) for f in dataclasses.fields(state)]
     unique: dict[int, Tensor] = {}
     for value in values:
         if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == n:
@@ -290,6 +296,12 @@ class SynchronousGossip:
         with torch.no_grad():
             for tensor, value in saved:
                 tensor[rows] = value
+            known = {id(tensor) for tensor, _ in saved}
+            for tensor in _row_tensors(self.state, ctx.n):
+                if id(tensor) not in known:
+                    # state the combine created (an outer optimizer's first step): a node
+                    # that kept its state has never stepped, and zero is that state
+                    tensor[rows] = 0
         if batch is not None:
             self.trainer.step_with(grads, alive)
         return sent_bytes, losses

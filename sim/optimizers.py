@@ -37,7 +37,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """One torch optimizer over the stacked ``[n, d]`` leaf: n per-peer optimizers at once.
 
-    SGD (with momentum / Nesterov / weight decay) and Adam (Kingma and Ba, 2015) update each
+    SGD (with momentum / Nesterov / weight decay), Adam (Kingma and Ba, 2015) and AdamW
+    (decoupled weight decay, Loshchilov and Hutter, ICLR 2019) update each
     coordinate from that coordinate's own state, so one optimizer over the stacked rows is
     exactly n independent per-peer optimizers (tested against the per-peer reference).
     """
@@ -51,11 +52,12 @@ def build_optimizer(
             weight_decay=weight_decay,
             nesterov=nesterov,
         )
-    if name == "adam":
+    if name in ("adam", "adamw"):
+        kind = torch.optim.Adam if name == "adam" else torch.optim.AdamW
         return _fused_if_supported(
-            torch.optim.Adam, params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+            kind, params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
-    raise ValueError(f"optimizer: got {name!r}; allowed: sgd, adam")
+    raise ValueError(f"optimizer: got {name!r}; allowed: {', '.join(OPTIMIZERS)}")
 
 
 def _check_hyperparameters(lr: float, momentum: float, weight_decay: float) -> None:
@@ -67,7 +69,7 @@ def _check_hyperparameters(lr: float, momentum: float, weight_decay: float) -> N
         raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
 
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 class RowOptimizer:
@@ -95,7 +97,7 @@ class RowOptimizer:
 
     Args:
         shape: ``(n, d)`` of the stacked leaf.
-        name: ``"sgd"`` or ``"adam"``.
+        name: ``"sgd"``, ``"adam"`` or ``"adamw"`` (Adam with decoupled weight decay).
         lr, momentum, weight_decay, nesterov: as :func:`build_optimizer`.
         betas, eps: Adam's.
         dtype, device: of the state (the leaf's).
@@ -117,7 +119,7 @@ class RowOptimizer:
     ) -> None:
         _check_hyperparameters(lr, momentum, weight_decay)
         if name not in OPTIMIZERS:
-            raise ValueError(f"optimizer: got {name!r}; allowed: sgd, adam")
+            raise ValueError(f"optimizer: got {name!r}; allowed: {', '.join(OPTIMIZERS)}")
         if name == "sgd" and nesterov and momentum == 0:
             raise ValueError("nesterov: Nesterov momentum needs momentum > 0, got momentum 0")
         if not all(0 <= beta < 1 for beta in betas):
@@ -212,6 +214,7 @@ class RowOptimizer:
             weight_decay=self.weight_decay,
             eps=self.eps,
             maximize=False,
+            decoupled_weight_decay=self.name == "adamw",
             **options,  # type: ignore[arg-type]
         )
 

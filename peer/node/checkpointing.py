@@ -13,11 +13,16 @@ import json
 import logging
 from pathlib import Path
 
+from gossip.outer import CheckpointedState
 from peer.node.checkpoint import remove_stale_temporaries
 from peer.node.context import PeerContext
 from peer.node.membership import check_address
 from peer.node.recipe import RECIPE_KEY, ModelRecipe
-from peer.node.training_state import load_training_state, save_training_state
+from peer.node.training_state import (
+    algorithm_tensors,
+    load_training_state,
+    save_training_state,
+)
 from peer.protocol import strict_json
 from peer.protocol.errors import ProtocolError
 from peer.protocol.wire import check_sender
@@ -82,6 +87,7 @@ class Checkpointing:
         metadata = {MEMBERS_KEY: json.dumps(members)}
         if self.recipe is not None:
             metadata[RECIPE_KEY] = json.dumps(self.recipe.to_json())
+        state = ctx.gossip_state
         path = save_training_state(
             ctx.trainer,
             directory,
@@ -89,6 +95,7 @@ class Checkpointing:
             peer_id=ctx.peer_id,
             keep=ctx.config.keep_checkpoints,
             metadata=metadata,
+            algorithm=state.tensors() if isinstance(state, CheckpointedState) else None,
         )
         self._last_step = ctx.step
         return path
@@ -109,6 +116,18 @@ class Checkpointing:
                 Path(directory).resolve(),
             )
             return
+        if isinstance(ctx.gossip_state, CheckpointedState):
+            saved = algorithm_tensors(loaded)
+            if saved:
+                with ctx.lock:
+                    ctx.gossip_state.load(saved)
+            else:
+                logger.warning(
+                    "peer %s: %s holds no %s state (slow weights); they restart from the model",
+                    ctx.peer_id,
+                    loaded.path,
+                    ctx.config.algorithm,
+                )
         ctx.round = loaded.round
         self._last_step = loaded.step
         self.resumed_from = loaded.path

@@ -31,6 +31,9 @@ ALGORITHMS: dict[str, Mode] = {
     "local-sgd": "sync",
     "push-sum": "sync",
     "choco": "sync",
+    "diloco": "sync",
+    "noloco": "sync",
+    "sparseloco": "sync",
 }
 """Algorithms a networked peer runs (the simulator's names) and the exchange mode of each."""
 CLIENT_ONLY_FANOUT = 2
@@ -339,7 +342,9 @@ class PeerConfig:
         if ALGORITHMS[algorithm] != "sync":
             raise _error(
                 "byzantine",
-                "needs a synchronous algorithm (dpsgd, local-sgd, push-sum, choco), not "
+                "needs a synchronous algorithm ("
+                + ", ".join(name for name, mode in ALGORITHMS.items() if mode == "sync")
+                + f"), not "
                 f"{algorithm}: Byzantine peers are evaluated in rounds, as in the simulator",
             )
         try:

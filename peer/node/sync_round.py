@@ -161,9 +161,10 @@ class SyncRound:
         present = [j for j in expected if t in self._inbox.get(j, {})]
         mixed, weights = self._mixing_row(expected, t)
         arrived = sum(j in present for j in mixed)
-        if mixed and not self._fits(arrived + 1):
-            mixed = []  # keep our own model this round, as the simulator freezes such a row
-        if mixed:
+        # too few models for the rule: keep our own state this round, as the simulator
+        # freezes such a row; otherwise combine, with no neighbour too (a node the round's
+        # matching leaves out still takes its own step, as every simulated row does)
+        if self._fits(arrived + 1):
             messages = [self._inbox[j][t] if j in present else sent for j in mixed]
             mask = [j in present for j in mixed]
             self_weight = None if self.ctx.topology is None else self.ctx.topology.self_weight(t)
@@ -415,8 +416,11 @@ class SyncRound:
         (``mask``: which arrived; an absent one's slot holds ``sent``), stacked here, in the
         worker thread, then combined under the model lock."""
         device, dtype = self.ctx.device, self.ctx.spec.dtype
-        received = torch.stack(messages).to(device, dtype)
-        present = torch.tensor(mask, device=device)
+        if messages:
+            received = torch.stack(messages).to(device, dtype)
+        else:
+            received = torch.empty((0, sent.numel()), device=device, dtype=dtype)
+        present = torch.tensor(mask, dtype=torch.bool, device=device)
         diagonal = None if self_weight is None else torch.tensor(self_weight)
         with self.ctx.lock:
             self.ctx.algorithm.combine(

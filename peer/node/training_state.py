@@ -14,6 +14,9 @@ this module decides what goes in them for a :class:`~peer.node.trainer.Trainer`:
 * metadata ``layout``: JSON ``[[name, shape], ...]``, which ``state_dict`` entry lies
   where in ``flat`` (``gossip.flat.ParameterLayout``'s order), so :func:`module_state`
   can rebuild the ``state_dict`` without the peer that wrote it;
+* ``algorithm.<key>``: the rule's own state beyond the model, where it has some (an outer
+  optimizer's slow weights and buffers, ``gossip.outer.CheckpointedState``), given by the
+  caller and returned by :func:`algorithm_tensors`;
 * the step (the trainer's), the round, the peer id and any extra metadata (the caller's).
 
 Restoring checks that ``flat`` fits the model (dtype and length, and the layout when the
@@ -37,6 +40,7 @@ from peer.node import checkpoint
 from peer.node.trainer import Trainer
 
 BUFFER_PREFIX = "buffer."
+ALGORITHM_PREFIX = "algorithm."
 LAYOUT_KEY = "layout"
 
 
@@ -52,13 +56,17 @@ def save_training_state(
     peer_id: str,
     keep: int,
     metadata: Mapping[str, str] | None = None,
+    algorithm: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``trainer``'s model, buffers and optimizer state as a checkpoint of its step;
     the caller holds ``trainer.lock``. ``metadata`` adds string entries (the peer's model
-    recipe and membership). Returns the file written (older ones beyond ``keep`` are
-    removed, as :func:`peer.node.checkpoint.save_checkpoint` does)."""
+    recipe and membership), ``algorithm`` the rule's own tensors. Returns the file written
+    (older ones beyond ``keep`` are removed, as :func:`peer.node.checkpoint.save_checkpoint`
+    does)."""
     state = trainer.optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {"flat": trainer.flat.vector.detach().cpu()}
+    for key, value in (algorithm or {}).items():
+        tensors[ALGORITHM_PREFIX + key] = value.detach().cpu().clone()
     in_flat = set(trainer.flat.layout.names)
     for name, value in trainer.model.state_dict().items():
         if name not in in_flat:  # a buffer, or a second name of a tied parameter
@@ -133,6 +141,15 @@ def load_training_state(
             )
     trainer.step = loaded.step
     return loaded
+
+
+def algorithm_tensors(loaded: checkpoint.Checkpoint) -> dict[str, torch.Tensor]:
+    """The rule's own tensors a checkpoint holds (``algorithm.<key>``, prefix removed)."""
+    return {
+        name.removeprefix(ALGORITHM_PREFIX): tensor
+        for name, tensor in loaded.tensors.items()
+        if name.startswith(ALGORITHM_PREFIX)
+    }
 
 
 def _buffers_to_restore(

@@ -18,6 +18,8 @@ from gossip import (
     PushSum,
     build_algorithm,
 )
+from gossip.outer import DiLoCo, NoLoCo, SparseLoCo
+from gossip.settings import setting
 
 VALUES = {
     "order": "adapt-then-combine",
@@ -31,10 +33,18 @@ VALUES = {
 @pytest.mark.parametrize("algorithm", list(GOSSIP_ALGORITHMS))
 @pytest.mark.parametrize("field", list(VALUES))
 def test_a_field_the_algorithm_does_not_read_is_an_error(algorithm: str, field: str) -> None:
-    fixed = {"local-sgd": {"order"}, "choco": {"order"}, "ad-psgd": {"order", "local_steps"}}
+    fixed = {name for name in VALUES if algorithm in setting(name).fixed}
+    assert fixed == {
+        "local-sgd": {"order"},
+        "choco": {"order"},
+        "ad-psgd": {"order", "local_steps"},
+        "diloco": {"order"},
+        "noloco": {"order"},
+        "sparseloco": {"order"},
+    }.get(algorithm, set())
     if field in ALGORITHM_FIELDS[algorithm]:
         assert getattr(GossipConfig(algorithm, **{field: VALUES[field]}), field) == VALUES[field]
-    elif field in fixed.get(algorithm, set()):
+    elif field in fixed:
         value = getattr(GossipConfig(algorithm), field)
         assert getattr(GossipConfig(algorithm, **{field: value}), field) == value  # same: fine
         other = {"combine-then-adapt": "adapt-then-combine"}.get(value, "combine-then-adapt")
@@ -122,7 +132,14 @@ def test_build_algorithm_builds_what_the_config_says(algorithm: str, local_steps
     settings = {"local_steps": local_steps} if "local_steps" in ALGORITHM_FIELDS[algorithm] else {}
     config = GossipConfig(algorithm, **settings)
     built = build_algorithm(config)
-    kind = {"push-sum": PushSum, "choco": Choco}.get(algorithm, DecentralizedSGD)
+    kinds = {
+        "push-sum": PushSum,
+        "choco": Choco,
+        "diloco": DiLoCo,
+        "noloco": NoLoCo,
+        "sparseloco": SparseLoCo,
+    }
+    kind = kinds.get(algorithm, DecentralizedSGD)
     assert type(built) is kind
     assert built.name == algorithm
     assert built.plan.order == config.order

@@ -59,8 +59,9 @@ class Problem:
         model: a ``workloads.build_model`` spec.
         dataset: a ``workloads.load_dataset`` spec (synthetic: generated, no download).
         batch_size: samples per peer per local step.
-        lr: the fixed SGD learning rate (no momentum, no weight decay).
+        lr: the fixed learning rate (no momentum, no weight decay).
         seed: seeds the initial model, the partition and the batch stream.
+        optimizer: the local (inner) optimizer, ``sgd`` or ``adamw`` (no weight decay).
     """
 
     n: int = 4
@@ -70,6 +71,7 @@ class Problem:
     batch_size: int = 4
     lr: float = 0.1
     seed: int = 0
+    optimizer_name: str = "sgd"
 
     def data(self) -> Dataset:
         return load_dataset(self.dataset)
@@ -84,7 +86,10 @@ class Problem:
         return topologies.build_schedule(self.topology, self.n, seed=self.seed)
 
     def optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        """A peer's optimizer factory: the simulator's ``OptimizerConfig(lr=lr)`` for one node."""
+        """A peer's optimizer factory: the simulator's ``OptimizerConfig(name, lr=lr)`` for one
+        node."""
+        if self.optimizer_name == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0)
         return torch.optim.SGD(params, lr=self.lr)
 
 
@@ -127,7 +132,7 @@ def simulator_context(problem: Problem, byzantine: Sequence[int] = ()) -> Record
         sampler=StackedBatchSampler(parts, problem.batch_size, seed=problem.seed),
         x_train=data.x_train,
         y_train=data.y_train,
-        optimizer=OptimizerConfig(name="sgd", lr=problem.lr),
+        optimizer=OptimizerConfig(name=problem.optimizer_name, lr=problem.lr),
         links=Links.uniform(n),
         compute=ComputeModel(n, step_time=0.01),
         failures=Failures(n),
