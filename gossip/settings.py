@@ -248,9 +248,9 @@ SETTINGS: tuple[Setting, ...] = (
         type=str,
         default="mean",
         allowed="a consensus spec (mean, trimmed-mean:b=1, krum:f=1, ...; gossipnet consensus)",
-        help="the rule that combines the models (the outer family: the pseudo-gradients) a "
-        "node mixes; it must be able to run on the smallest neighbourhood (ad-psgd: the "
-        "pair's 2 models)",
+        help="the rule that combines the vectors a node mixes (models; sparseloco: compressed "
+        "pseudo-gradients); it must be able to run on the smallest neighbourhood (ad-psgd: "
+        "the pair's 2 models)",
         readers=("dpsgd", "local-sgd", "ad-psgd", *OUTER_FAMILY),
         check=_aggregator,
         metavar="SPEC",
@@ -261,8 +261,8 @@ SETTINGS: tuple[Setting, ...] = (
         default="none",
         allowed="none, fp16, bf16, qsgd[:bits=B]; choco and sparseloco: any codec "
         "(topk[:ratio=R], randk[:ratio=R], ...; gossipnet compressors) too",
-        help="compressor of what a node sends (its model; choco: differences; the outer "
-        "family: pseudo-gradients, noloco with its slow weights)",
+        help="compressor of what a node sends (its model; choco: differences; noloco: model "
+        "and slow weights; sparseloco: its error-feedback buffer)",
         readers=("dpsgd", "local-sgd", "push-sum", "choco", "ad-psgd", *OUTER_FAMILY),
         check=_compressor,
         defaults={"sparseloco": "topk:ratio=0.02"},
@@ -286,8 +286,8 @@ SETTINGS: tuple[Setting, ...] = (
         default="sgd:lr=0.7,momentum=0.9,nesterov=true",
         allowed="sgd[:lr=,momentum=,nesterov=,weight_decay=], adam[:lr=,beta1=,beta2=,eps=,"
         "weight_decay=], adamw[...] (noloco: sgd with momentum, no nesterov)",
-        help="the outer optimizer on the slow weights, stepped with the mixed "
-        "pseudo-gradient (noloco: lr is beta, momentum mu)",
+        help="the outer optimizer on the slow weights, stepped with the neighbourhood's "
+        "pseudo-gradient (noloco: lr is beta, momentum mu; docs/algorithms.md)",
         readers=OUTER_FAMILY,
         check=_outer_optimizer,
         defaults={"noloco": "sgd:lr=0.7,momentum=0.5", "sparseloco": "sgd:lr=1"},
