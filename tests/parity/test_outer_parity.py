@@ -7,8 +7,8 @@ import pytest
 
 from gossip.configuration import GossipConfig, build_algorithm
 
-from .harness import Problem
-from .test_parity import LOCAL_STEPS, _assert_parity, _both_runners
+from .harness import Problem, RunResult, max_abs_difference, run_simulator
+from .test_parity import ATOL, LOCAL_STEPS, ROUNDS, _assert_parity, _both_runners
 
 CASES = {
     "gossip-DiLoCo on a ring, AdamW inside, outer Nesterov": (
@@ -37,3 +37,27 @@ async def test_the_outer_family_peers_match_the_simulator(case: str) -> None:
         problem, rule, steps_per_round=LOCAL_STEPS, **settings
     )
     _assert_parity(simulated, networked, case)
+
+
+async def test_robust_diloco_with_one_byzantine_peer_matches_the_simulator() -> None:
+    """Gossip-DiLoCo mixing with trimmed-mean and one sign-flip peer: the honest peers of
+    both runners end alike, and the attack did reach them."""
+    problem = Problem(topology="ring", optimizer_name="adamw", lr=0.01)
+    settings = {"algorithm": "diloco", "aggregator": "trimmed-mean:b=1", "local_steps": LOCAL_STEPS}
+    rule = build_algorithm(GossipConfig(**settings))
+    simulated, networked = await _both_runners(
+        problem,
+        rule,
+        steps_per_round=LOCAL_STEPS,
+        byzantine=[1],
+        attack="sign-flip",
+        **settings,
+    )
+    honest = [0, 2, 3]
+    _assert_parity(
+        RunResult(simulated.initial[honest], simulated.final[honest], []),
+        RunResult(networked.initial[honest], networked.final[honest], []),
+        "robust gossip-DiLoCo with a sign-flip peer",
+    )
+    clean = run_simulator(problem, build_algorithm(GossipConfig(**settings)), ROUNDS)
+    assert max_abs_difference(clean.final[honest], simulated.final[honest]) > 100 * ATOL
