@@ -1,7 +1,8 @@
 """``gossipnet sim``: run one experiment file, compare runs on it, or sweep a grid over it.
 
 gossipnet sim run EXP.toml [--rounds N] [--seed S] [--jsonl F] [--csv F] [--plot F]
-gossipnet sim compare EXP.toml (--algorithms dpsgd,allreduce | --over FIELD=V1,V2)
+gossipnet sim compare EXP.toml [--algorithms dpsgd,allreduce | --over FIELD=V1,V2]
+    (neither: the runs the file names in its [compare] table)
     [--csv F] [--plot F] [--jsonl F] [--jobs N | --ray ADDRESS]
 gossipnet sim sweep EXP.toml --grid FIELD=V1,V2 [--grid ...] --out DIR
     [--set FIELD=V] [--rounds N] [--jobs N | --ray ADDRESS] [--skip-invalid] [--parquet]
@@ -38,6 +39,7 @@ from sim.sweep import (
     SweepOutcome,
     SweepPlan,
     execute,
+    named_runs_axis,
     parse_axis,
     parse_setting,
     plan_sweep,
@@ -82,7 +84,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare",
         help="run the experiment under several values of one field (algorithms, aggregators, "
-        "attacks, ...): one table, one figure",
+        "attacks, ...), or the runs its [compare] table names: one table, one figure",
     )
     sweep = commands.add_parser(
         "sweep",
@@ -111,7 +113,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "--plot", type=Path, help="draw accuracy vs time / bytes, consensus distance"
         )
         sub.add_argument("--csv", type=Path, help="write the records as CSV")
-    chosen = compare.add_mutually_exclusive_group(required=True)
+    chosen = compare.add_mutually_exclusive_group()
     chosen.add_argument(
         "--algorithms", help="comma-separated names; allowed: " + ", ".join(ALGORITHMS)
     )
@@ -255,6 +257,8 @@ def _settings(args: argparse.Namespace) -> list[tuple[tuple[str, ...], Any]]:
 def _compare_axis(args: argparse.Namespace) -> GridAxis:
     if args.over is not None:
         return parse_axis(args.over, flag="--over")
+    if args.algorithms is None:  # the runs the file names in its [compare] table
+        return named_runs_axis(args.experiment)
     names = [n.strip() for n in args.algorithms.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALGORITHMS]
     if not names or unknown:

@@ -801,6 +801,47 @@ def _known(where: str, table: Mapping[str, Any], cls: type) -> dict[str, Any]:
     return dict(table)
 
 
+NAMED_RUNS = "compare"
+"""The top-level table of named runs ``sim compare`` runs side by side (:func:`named_runs`)."""
+
+
+def named_runs(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The file's ``[compare]`` table: ``{label: {section: table or key: value}}``, checked
+    (empty when the file has none). Each named run replaces the file's tables it gives,
+    whole (an ``algorithm`` table says everything that run's algorithm reads), and the
+    top-level values it gives (``rounds``, ``eval_every``)::
+
+        [compare."data parallel"]
+        algorithm = { name = "allreduce" }
+        [compare.NoLoCo]
+        algorithm = { name = "noloco", topology = "random-matching", local_steps = 20 }
+    """
+    runs = data.get(NAMED_RUNS, {})
+    if not isinstance(runs, Mapping):
+        raise _fail(NAMED_RUNS, f"must be a table of named runs [compare.NAME]; got {runs!r}")
+    checked: dict[str, dict[str, Any]] = {}
+    for label, tables in runs.items():
+        where = f"{NAMED_RUNS}.{label}"
+        if not isinstance(tables, Mapping) or not tables:
+            raise _fail(where, "must be a table of the sections it replaces, e.g. algorithm")
+        scalars = [f.name for f in fields(ExperimentConfig) if f.name not in _SECTIONS]
+        for section, table in tables.items():
+            if section in _SECTIONS and isinstance(table, Mapping):
+                continue
+            if section in scalars and not isinstance(table, Mapping):
+                continue
+            raise _fail(
+                f"{where}.{section}",
+                "a named run replaces whole sections or top-level values; allowed: "
+                + ", ".join([*(f"[{name}]" for name in _SECTIONS), *scalars]),
+            )
+        checked[str(label)] = {
+            key: dict(value) if isinstance(value, Mapping) else value
+            for key, value in tables.items()
+        }
+    return checked
+
+
 def experiment_from_dict(
     data: Mapping[str, Any], *, base_dir: str | Path | None = None
 ) -> ExperimentConfig:
@@ -811,7 +852,8 @@ def experiment_from_dict(
     cache folder: :mod:`sim.paths`); :func:`load_experiment` passes the experiment file's
     folder (default: the working directory).
     """
-    top = _known("", data, ExperimentConfig)
+    named_runs(data)  # checked here; ``sim compare`` runs them (``sim run``: the file as it is)
+    top = _known("", {k: v for k, v in data.items() if k != NAMED_RUNS}, ExperimentConfig)
     top = resolve_experiment_paths(top, Path(".") if base_dir is None else Path(base_dir))
     for section, cls in _SECTIONS.items():
         if section in top:

@@ -51,6 +51,7 @@ from sim.config import (
     ExperimentConfig,
     experiment_from_dict,
     load_experiment_data,
+    named_runs,
 )
 from sim.metrics import Record
 from sim.sweep_executors import Executor, RoundDone, RunDone, RunFailed, Task
@@ -226,6 +227,23 @@ def _keep_read_keys(data: dict[str, Any]) -> None:
         data.pop("graph", None)
 
 
+NAMED_RUN_PATH = ("compare",)
+"""The path of :func:`named_runs_axis`: its values are labels of the file's ``[compare]``."""
+
+
+def named_runs_axis(experiment: str | Path) -> GridAxis:
+    """The axis of the file's named runs (``sim compare EXP.toml`` with no other choice):
+    one value per ``[compare.NAME]`` entry, each replacing the sections it gives."""
+    entries = named_runs(load_experiment_data(experiment))
+    if not entries:
+        raise SweepError(
+            "compare",
+            "give --algorithms or --over, or name the runs in the file's [compare] table "
+            "(docs/sweeps.md)",
+        )
+    return GridAxis("run", NAMED_RUN_PATH, tuple(entries))
+
+
 def apply(
     data: Mapping[str, Any], assignments: Iterable[tuple[tuple[str, ...], Any]]
 ) -> dict[str, Any]:
@@ -275,6 +293,8 @@ class SweepPoint:
     data: Mapping[str, Any]
     config: ExperimentConfig
     key: str
+    replaced: tuple[str, ...] = ()
+    """The sections and top-level keys a named run (``[compare.NAME]``) replaced."""
 
     def label(self) -> str:
         return ", ".join(f"{name}={value_label(value)}" for name, value in self.values.items())
@@ -317,6 +337,13 @@ class SweepPlan:
             return self.experiment.stem
         config = self.points[0].config
         varied = {axis.path for axis in self.axes}
+        if NAMED_RUN_PATH in varied:  # what the named runs replace varies too
+            replaced = {key for point in self.points for key in point.replaced}
+            varied |= {(key,) for key in replaced}
+            if "algorithm" in replaced:
+                varied.add(_ALGORITHM_NAME)
+            if "workload" in replaced:
+                varied.add(("workload", "peers"))
         parts = []
         if _ALGORITHM_NAME not in varied:
             parts.append(config.algorithm.name)
@@ -352,6 +379,9 @@ def plan_sweep(
     names = [axis.name for axis in axes]
     if not axes:
         raise SweepError("--grid", "give at least one FIELD=VALUE1,VALUE2,...")
+    file = Path(experiment)
+    base = load_experiment_data(file)
+    entries = named_runs(base)
     paths = [axis.path for axis in axes]
     for position, axis_path in enumerate(paths):
         if axis_path in paths[:position]:
@@ -359,13 +389,18 @@ def plan_sweep(
     for setting, _ in settings:
         if setting in paths:
             raise SweepError("--set", f"{'.'.join(setting)} is also a --grid field; give it once")
-    file = Path(experiment)
-    base = load_experiment_data(file)
     points: list[SweepPoint] = []
     invalid: list[InvalidPoint] = []
     for combination in itertools.product(*(axis.values for axis in axes)):
         values = dict(zip(names, combination))
-        assignments = [*settings, *zip(paths, combination)]
+        replaced = [
+            ((section,), table)
+            for path, label in zip(paths, combination)
+            if path == NAMED_RUN_PATH
+            for section, table in entries[label].items()
+        ]
+        assigned = [(path, v) for path, v in zip(paths, combination) if path != NAMED_RUN_PATH]
+        assignments = [*replaced, *settings, *assigned]
         try:
             data = apply(base, assignments)
             config = experiment_from_dict(data, base_dir=file.parent)
@@ -377,7 +412,8 @@ def plan_sweep(
         except (ConfigError, ValueError) as error:
             invalid.append(InvalidPoint(values, str(error)))
             continue
-        points.append(SweepPoint(values, data, config, run_key(config)))
+        names_replaced = tuple(path[0] for path, _ in replaced)
+        points.append(SweepPoint(values, data, config, run_key(config), names_replaced))
     if invalid and not skip_invalid:
         first = invalid[0]
         more = f" (and {len(invalid) - 1} more)" if len(invalid) > 1 else ""
