@@ -70,6 +70,7 @@ from gossip.compression.base import (
     node_generators,
     node_seed,
 )
+from gossip.compression.chunked import ChunkedTopK
 from gossip.compression.dense import BFloat16, Float16, NoCompression
 from gossip.compression.envelope import (
     ENVELOPE_KEYS,
@@ -99,6 +100,7 @@ __all__ = [
     "WIRE_DTYPES",
     "WIRE_DTYPE_NAMES",
     "BFloat16",
+    "ChunkedTopK",
     "Compressed",
     "Compressor",
     "CompressorInfo",
