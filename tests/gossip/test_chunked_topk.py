@@ -308,6 +308,23 @@ def test_error_feedback_keeps_what_was_not_sent() -> None:
     torch.testing.assert_close(sent + codec.residual, sum(inputs), rtol=0, atol=1e-5)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    d=st.integers(min_value=1, max_value=300),
+    chunk=st.integers(min_value=1, max_value=64),
+    k=st.integers(min_value=1, max_value=64),
+    bits=st.sampled_from([2, 4, 8]),
+    sigmas=st.floats(min_value=0.1, max_value=20),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_it_is_a_contraction(d: int, chunk: int, k: int, bits: int, sigmas: float, seed: int):
+    """``|x - C(x)| <= |x|``: a centroid is the least-squares constant of its bin (0 is
+    another), so CHOCO's contraction assumption holds for every input."""
+    x = torch.randn(d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    out = ChunkedTopK(chunk, min(k, chunk), bits, sigmas).compress(x).values
+    assert float((x - out).norm()) <= float(x.norm()) * (1 + 1e-6)
+
+
 def test_the_relative_error_shrinks_with_more_bits_and_more_coordinates() -> None:
     x = torch.randn(20_000, generator=torch.Generator().manual_seed(4))
 
