@@ -131,7 +131,7 @@ class ChunkedTopK(Compressor):
     def _encode_fields(self, x: Tensor, generator: Randomness) -> dict[str, Tensor]:
         d = x.shape[-1]
         batch = x.shape[:-1]
-        rows = x.reshape(-1, d)
+        rows = x.detach().reshape(-1, d)
         index, value = self._select(rows)
         level, centroid = self._quantize(value)
         m = index.shape[1]

@@ -133,6 +133,14 @@ def test_other_float_dtypes_select_as_their_float32_values(dtype: torch.dtype) -
     torch.testing.assert_close(out.values[1].to(torch.float32), widened, rtol=1e-2, atol=0.0)
 
 
+def test_a_tensor_that_requires_grad_is_encoded_as_its_values() -> None:
+    x = torch.randn(3, 200, generator=torch.Generator().manual_seed(6))
+    codec = build_compressor("chunked-topk:chunk=64,k=4")
+    expected = codec.compress(x).values
+    assert torch.equal(codec.compress(x.clone().requires_grad_()).values, expected)
+    assert torch.equal(decode(wire(codec.encode(x[0].clone().requires_grad_())), 200), expected[0])
+
+
 def test_a_message_holding_nan_decodes_to_nan_and_is_refused_on_the_wire() -> None:
     x = torch.randn(2, 100, generator=torch.Generator().manual_seed(1))
     x[0, 42] = math.nan
