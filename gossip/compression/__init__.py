@@ -40,7 +40,8 @@ randk         k coordinates chosen uniformly at random (unscaled):          bias
               the k largest of d U[0,1) keys, ties to the lower index
 chunked-topk  per chunk of 4096, its k = 64 largest magnitudes, each        biased
               read as the centroid of its 2-bit bin (SparseLoCo, Sarfi
-              et al. 2025): ~146x fewer bytes than float32
+              et al. 2025), one centroid table per chunk: ~128x fewer
+              bytes than float32
 ============  ===========================================================  =========
 
 Any lossy codec takes ``feedback=true`` to add error feedback (Seide et al. 2014; Stich et

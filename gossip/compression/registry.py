@@ -80,6 +80,7 @@ COMPRESSORS: dict[str, CompressorInfo] = {
                 "k": (int, 64, "coordinates kept per chunk, in [1, chunk]"),
                 "bits": (int, 2, "bits per kept value: 2, 4 or 8"),
                 "sigmas": (float, 6.0, "width of the bins, in standard deviations (> 0)"),
+                "group": (int, 1, "consecutive chunks sharing one centroid table, in [1, 2^30]"),
                 "feedback": _FEEDBACK,
             },
             "SparseLoCo: k largest magnitudes per chunk, b-bit values read through per-bin "
@@ -160,6 +161,7 @@ def _chunked_decoder(payload: Mapping[str, Any]) -> ChunkedTopK:
     chunk = read_field(payload, "chunk", int)
     k = read_field(payload, "k", int)
     bits = read_field(payload, "bits", int)
+    group = read_field(payload, "group", int)
     if not 1 <= chunk <= MAX_CHUNK:
         raise PayloadError(
             "parameter",
@@ -176,7 +178,13 @@ def _chunked_decoder(payload: Mapping[str, Any]) -> ChunkedTopK:
             f"payload field 'bits' must be one of {ChunkedTopK.BITS}, got {bits}",
             field="bits",
         )
-    return ChunkedTopK(chunk, k, bits)
+    if not 1 <= group <= MAX_CHUNK:
+        raise PayloadError(
+            "parameter",
+            f"payload field 'group' must be in [1, {MAX_CHUNK}], got {group}",
+            field="group",
+        )
+    return ChunkedTopK(chunk, k, bits, group=group)
 
 
 def decode(payload: Mapping[str, Any], d: int) -> Tensor:

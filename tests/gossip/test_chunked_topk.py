@@ -27,47 +27,54 @@ def wire(payload: dict) -> dict:
     return msgpack.unpackb(msgpack.packb(payload))
 
 
-def reference(x: list[float], chunk: int, k: int, bits: int, sigmas: float = 6.0) -> list[float]:
+def reference(
+    x: list[float], chunk: int, k: int, bits: int, group: int = 1, sigmas: float = 6.0
+) -> list[float]:
     """The definition, one coordinate at a time: per chunk the k largest |x_i| (ties to the
-    lower index), then SparseLoCo's quantizer over all kept values and each bin's mean."""
-    kept: list[int] = []
+    lower index), then per group of chunks SparseLoCo's quantizer and each bin's mean."""
+    chunks: list[list[int]] = []
     for start in range(0, len(x), chunk):
         members = range(start, min(start + chunk, len(x)))
         ranked = sorted(members, key=lambda i: (-abs(x[i]), i))
-        kept += sorted(ranked[: min(k, len(members))])
-    values = [x[i] for i in kept]
-    m = len(values)
-    mu = math.fsum(values) / m
-    sigma = math.sqrt(math.fsum((v - mu) ** 2 for v in values) / (m - 1)) if m > 1 else 0.0
-    bins = 2**bits
-    step = sigmas * sigma / bins or 1.0
-    levels = [min(max(round((v - mu) / step + bins // 2), 0), bins - 1) for v in values]
-    centroid = {
-        b: math.fsum(v for v, q in zip(values, levels) if q == b) / levels.count(b)
-        for b in set(levels)
-    }
+        chunks.append(sorted(ranked[: min(k, len(members))]))
     out = [0.0] * len(x)
-    for i, q in zip(kept, levels):
-        out[i] = centroid[q]
+    for first in range(0, len(chunks), group):
+        kept = [i for members in chunks[first : first + group] for i in members]
+        values = [x[i] for i in kept]
+        m = len(values)
+        mu = math.fsum(values) / m
+        sigma = math.sqrt(math.fsum((v - mu) ** 2 for v in values) / (m - 1)) if m > 1 else 0.0
+        bins = 2**bits
+        step = sigmas * sigma / bins or 1.0
+        levels = [min(max(round((v - mu) / step + bins // 2), 0), bins - 1) for v in values]
+        centroid = {
+            b: math.fsum(v for v, q in zip(values, levels) if q == b) / levels.count(b)
+            for b in set(levels)
+        }
+        for i, q in zip(kept, levels):
+            out[i] = centroid[q]
     return out
 
 
-CASES = [  # (d, chunk, k, bits): whole chunks, a short last chunk, k past the last chunk
-    (64, 16, 3, 2),
-    (70, 16, 3, 2),
-    (70, 16, 8, 4),
-    (37, 16, 10, 8),
-    (5, 16, 3, 2),
-    (1, 4096, 64, 2),
-    (300, 7, 2, 2),
+CASES = [  # (d, chunk, k, bits, group): whole chunks, a short last chunk, k past the last
+    # chunk, groups of chunks (the last one shorter), one group for the whole message
+    (64, 16, 3, 2, 1),
+    (70, 16, 3, 2, 1),
+    (70, 16, 8, 4, 2),
+    (37, 16, 10, 8, 1),
+    (5, 16, 3, 2, 1),
+    (1, 4096, 64, 2, 1),
+    (300, 7, 2, 2, 1),
+    (300, 7, 2, 2, 4),
+    (300, 7, 2, 4, 1000),
 ]
 
 
-@pytest.mark.parametrize(("d", "chunk", "k", "bits"), CASES)
-def test_decoded_vector_is_the_definition(d: int, chunk: int, k: int, bits: int) -> None:
+@pytest.mark.parametrize(("d", "chunk", "k", "bits", "group"), CASES)
+def test_decoded_vector_is_the_definition(d: int, chunk: int, k: int, bits: int, group: int):
     x = torch.randn(d, generator=torch.Generator().manual_seed(d + k), dtype=torch.float64)
-    codec = ChunkedTopK(chunk, k, bits)
-    expected = torch.tensor(reference(x.tolist(), chunk, k, bits), dtype=torch.float32)
+    codec = ChunkedTopK(chunk, k, bits, group=group)
+    expected = torch.tensor(reference(x.tolist(), chunk, k, bits, group), dtype=torch.float32)
     received = decode(wire(codec.encode(x)), d)
     torch.testing.assert_close(received, expected, rtol=1e-6, atol=0.0)
     assert torch.equal((received != 0), (expected != 0))  # the very same coordinates
@@ -106,12 +113,13 @@ def test_selection_does_not_depend_on_the_slab_size(monkeypatch: pytest.MonkeyPa
     k=st.integers(min_value=1, max_value=70),
     bits=st.sampled_from([2, 4, 8]),
     zeros=st.booleans(),
+    group=st.sampled_from([1, 2, 3, 1000]),
 )
 def test_batched_rows_equal_the_wire_path_and_the_bytes_are_exact(
-    rows: int, d: int, chunk: int, k: int, bits: int, zeros: bool
+    rows: int, d: int, chunk: int, k: int, bits: int, zeros: bool, group: int
 ) -> None:
     k = min(k, chunk)
-    codec = ChunkedTopK(chunk, k, bits)
+    codec = ChunkedTopK(chunk, k, bits, group=group)
     x = torch.randn(rows, d, generator=torch.Generator().manual_seed(d * chunk + k))
     if zeros:
         x[:, ::3] = 0.0  # many ties
@@ -146,9 +154,12 @@ def test_a_message_holding_nan_decodes_to_nan_and_is_refused_on_the_wire() -> No
     x[0, 42] = math.nan
     codec = build_compressor("chunked-topk:chunk=32,k=2")
     values = codec.compress(x).values
-    kept = values[0] != 0
-    assert bool(kept[42]) and bool(values[0][kept].isnan().all())  # the NaN was kept first
+    kept = values[0] != 0  # NaN != 0
+    assert bool(kept[42]) and bool(values[0, 32:64][kept[32:64]].isnan().all())  # its chunk's
+    assert bool(values[0, :32].isfinite().all()) and bool(values[0, 64:].isfinite().all())
     assert bool(values[1].isfinite().all())  # the other row is untouched
+    whole = build_compressor("chunked-topk:chunk=32,k=2,group=4").compress(x).values
+    assert bool(whole[0][whole[0] != 0].isnan().all())  # one table: the whole row
     with pytest.raises(PayloadError, match="'centroid' contains NaN") as caught:
         decode(wire(codec.encode(x[0])), 100)
     assert caught.value.kind == "non_finite"
@@ -157,26 +168,32 @@ def test_a_message_holding_nan_decodes_to_nan_and_is_refused_on_the_wire() -> No
 # ----------------------------------------------------------------------------- bytes
 
 
-def test_the_payload_is_146_times_smaller_than_dense_float32_at_100m_parameters() -> None:
+def test_the_payload_is_128_times_smaller_than_dense_float32_at_100m_parameters() -> None:
     """At chunk 4096, k = 64, 2 bits: m = 24414 * 64 + 64 = 1,562,560 values, each 12 bits of
-    position and 2 of level (14 bits per 4096/64 = 64 coordinates), plus framing."""
+    position and 2 of level, and one table of four float32 centroids per chunk (24,415): 128
+    bits per 4096 coordinates, plus framing; one table per message (``group`` past the
+    chunks) saves the tables' 390,640 bytes: 146 times."""
     d = 100_000_000
     codec = build_compressor("chunked-topk")
-    m = 24_414 * 64 + 64
+    m, chunks = 24_414 * 64 + 64, 24_415
     framing = (
         1  # fixmap
         + 6 + 13  # codec: "chunked-topk"
         + 6 + 3  # chunk: 4096 (uint16)
         + 2 + 1  # k: 64
         + 5 + 1  # bits: 2
+        + 6 + 1  # group: 1
         + 6 + 5  # index: bin 32
-        + 9 + 2  # centroid: bin 8
+        + 9 + 5  # centroid: bin 32
         + 6 + 5  # level: bin 32
     )  # fmt: skip
-    assert codec.wire_bytes(d) == math.ceil(12 * m / 8) + 16 + math.ceil(2 * m / 8) + framing
-    assert codec.wire_bytes(d) == 2_734_567
+    body = math.ceil(12 * m / 8) + 16 * chunks + math.ceil(2 * m / 8)
+    assert codec.wire_bytes(d) == body + framing == 3_125_201
     dense = build_compressor("none").wire_bytes(d)
-    assert round(dense / codec.wire_bytes(d), 1) == 146.3
+    assert round(dense / codec.wire_bytes(d), 1) == 128.0
+    one_table = build_compressor("chunked-topk:group=30000").wire_bytes(d)
+    assert one_table == codec.wire_bytes(d) - 16 * chunks + 16 + 2 - 3  # uint16 group, bin 8
+    assert round(dense / one_table, 1) == 146.3
 
 
 def test_positions_travel_in_ceil_log2_chunk_bits() -> None:
@@ -207,9 +224,10 @@ HOSTILE = [
     ({"index": _index(2, 1, 0, 2, 0)}, "strictly increasing within each chunk", "index"),
     ({"index": b"\x00"}, "'index' must hold 5 values of 2 bits = 2 bytes, got 1", "length"),
     ({"level": b"\x00"}, "'level' must hold 5 values of 2 bits = 2 bytes, got 1", "length"),
-    ({"centroid": b"\x00" * 12}, "'centroid' must hold 4 values of <f4 = 16 bytes", "length"),
-    ({"centroid": b"\x00\x00\xc0\x7f" * 4}, "'centroid' contains NaN", "non_finite"),
-    ({"centroid": b"\x00\x00\x80\x7f" + b"\x00" * 12}, "'centroid' contains NaN", "non_finite"),
+    ({"centroid": b"\x00" * 16}, "'centroid' must hold 12 values of <f4 = 48 bytes", "length"),
+    ({"centroid": b"\x00\x00\xc0\x7f" * 12}, "'centroid' contains NaN", "non_finite"),
+    ({"centroid": b"\x00" * 44 + b"\x00\x00\x80\x7f"}, "'centroid' contains NaN", "non_finite"),
+    ({"group": 0}, "'group' must be in [1, 1073741824], got 0", "parameter"),
     ({"bits": 3}, "'bits' must be one of (2, 4, 8), got 3", "parameter"),
     ({"k": 4}, "'k' must be in [1, chunk=3], got 4", "parameter"),
     ({"k": 0}, "'k' must be in [1, chunk=3], got 0", "parameter"),
@@ -271,6 +289,7 @@ def test_random_bytes_of_the_right_lengths_decode_finite_or_are_refused(data, d:
         ("chunked-topk:bits=3", "chunked-topk parameter bits must be one of (2, 4, 8), got 3"),
         ("chunked-topk:sigmas=0", "chunked-topk parameter sigmas must be a number > 0"),
         ("chunked-topk:sigmas=nan", "chunked-topk parameter sigmas must be a number > 0"),
+        ("chunked-topk:group=0", "chunked-topk parameter group must be an int in [1, 1073741824]"),
         ("chunked-topk:ratio=0.1", "has no parameter 'ratio'; choose from ['bits', 'chunk', "),
     ],
 )
@@ -281,15 +300,15 @@ def test_bad_parameters_are_one_line_naming_them(spec: str, message: str) -> Non
 
 def test_spec_round_trips_and_names_every_parameter() -> None:
     codec = build_compressor("chunked-topk")
-    assert codec.spec == "chunked-topk:chunk=4096,k=64,bits=2,sigmas=6"
-    spec = "chunked-topk:chunk=100,k=7,bits=8,sigmas=2.5,feedback=true"
+    assert codec.spec == "chunked-topk:chunk=4096,k=64,bits=2,sigmas=6,group=1"
+    spec = "chunked-topk:chunk=100,k=7,bits=8,sigmas=2.5,group=3,feedback=true"
     assert build_compressor(build_compressor(spec).spec).spec == build_compressor(spec).spec
 
 
 def test_a_narrower_range_moves_the_bins() -> None:
     x = torch.randn(4096, generator=torch.Generator().manual_seed(2))
-    wide = build_compressor("chunked-topk:chunk=512,k=64,sigmas=6").compress(x).values
-    narrow = build_compressor("chunked-topk:chunk=512,k=64,sigmas=2").compress(x).values
+    wide = build_compressor("chunked-topk:chunk=512,k=64,sigmas=6,group=8").compress(x).values
+    narrow = build_compressor("chunked-topk:chunk=512,k=64,sigmas=2,group=8").compress(x).values
     assert torch.equal(wide != 0, narrow != 0) and not torch.equal(wide, narrow)
     assert wide.unique().numel() <= 5 and narrow.unique().numel() <= 5  # 4 centroids and 0
 
@@ -324,12 +343,15 @@ def test_error_feedback_keeps_what_was_not_sent() -> None:
     bits=st.sampled_from([2, 4, 8]),
     sigmas=st.floats(min_value=0.1, max_value=20),
     seed=st.integers(min_value=0, max_value=2**16),
+    group=st.sampled_from([1, 3, 1000]),
 )
-def test_it_is_a_contraction(d: int, chunk: int, k: int, bits: int, sigmas: float, seed: int):
+def test_it_is_a_contraction(
+    d: int, chunk: int, k: int, bits: int, sigmas: float, seed: int, group: int
+) -> None:
     """``|x - C(x)| <= |x|``: a centroid is the least-squares constant of its bin (0 is
     another), so CHOCO's contraction assumption holds for every input."""
     x = torch.randn(d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    out = ChunkedTopK(chunk, min(k, chunk), bits, sigmas).compress(x).values
+    out = ChunkedTopK(chunk, min(k, chunk), bits, sigmas, group).compress(x).values
     assert float((x - out).norm()) <= float(x.norm()) * (1 + 1e-6)
 
 

@@ -149,7 +149,9 @@ def _repeated_position(d: int) -> dict[str, object]:
 CHUNKED_CASES: dict[str, tuple[Corrupt, int, str]] = {
     "repeated position": (_repeated_position, 400, "malformed_body"),
     "nan centroid": (
-        lambda d: payload("chunked-topk:chunk=16,k=4", d, centroid=b"\x00\x00\xc0\x7f" * 4),
+        lambda d: payload(
+            "chunked-topk:chunk=16,k=4", d, centroid=b"\x00\x00\xc0\x7f" * 4 * math.ceil(d / 16)
+        ),
         422,
         "non_finite",
     ),
