@@ -63,7 +63,7 @@ index), :mod:`~gossip.compression.registry` (the table, specs, dispatch) and
 **Speed at model sizes.** Every codec is vectorized and allocates nothing of the vector's
 size beyond its output: qsgd quantizes and packs a slab at a time in a reused workspace,
 top-k and rand-k keep only the candidates above a threshold, chunked top-k selects a
-cache-sized group of chunks at a time, error feedback reuses its
+cache-sized slab of chunks at a time, error feedback reuses its
 residual's memory, and :meth:`Compressor.wire_bytes` is counted without encoding.
 ``bench/compressors.py`` prints encode and decode at 10M and 100M parameters beside
 ``clone()``.

@@ -1,8 +1,7 @@
 """SparseLoCo's codec: chunked top-k with b-bit values decoded through per-bin centroids.
 
 Payload: ``{"codec": "chunked-topk", "chunk", "k", "bits", "group", "index", "centroid",
-"level"}``,
-see :class:`ChunkedTopK`. Sarfi, Thérien, Lidin & Belilovsky 2025, "Communication Efficient
+"level"}``, see :class:`ChunkedTopK`. Sarfi, Thérien, Lidin & Belilovsky 2025, "Communication Efficient
 LLM Pre-training with SparseLoCo" (arXiv 2508.15706): each chunk of a pseudo-gradient keeps
 its k largest magnitudes, each kept value travels as a 2-bit bin of a statistical quantizer,
 and the receiver reads each bin as the mean of the values that fell in it. Unsent
@@ -67,22 +66,21 @@ class ChunkedTopK(Compressor):
         chunk: coordinates per chunk, in [1, 2^30].
         k: coordinates kept per chunk, in [1, chunk].
         bits: bits per kept value, 2, 4 or 8 (``L = 4, 16, 256`` bins).
-        group: consecutive chunks that share one centroid table, in [1, 2^30].
         sigmas: the bins' total width in standard deviations of the kept values (> 0; the
             sender's choice, not on the wire).
+        group: consecutive chunks that share one centroid table, in [1, 2^30].
 
     Wire fields: ``chunk``, ``k``, ``bits``, ``group`` (ints); ``index`` (the m in-chunk
-    positions,
-    ``w = max(1, ceil(log2 chunk))`` bits each, packed end to end little-end first:
-    ``ceil(m w / 8)`` bytes, :mod:`gossip.compression.bitpack`); ``centroid`` (``T L``
-    ``<f4``, finite, group by group, ``T = ceil(ceil(d / chunk) / group)``); ``level`` (the m bins, ``bits`` each, packed the same way:
-    ``ceil(m bits / 8)`` bytes). A receiver refuses a position outside its chunk, and a
+    positions, ``w = max(1, ceil(log2 chunk))`` bits each, packed end to end little-end
+    first: ``ceil(m w / 8)`` bytes, :mod:`gossip.compression.bitpack`); ``centroid``
+    (``T L`` ``<f4``, finite, table by table, ``T = ceil(ceil(d / chunk) / group)``);
+    ``level`` (the m bins, ``bits`` each, packed the same way: ``ceil(m bits / 8)`` bytes). A receiver refuses a position outside its chunk, and a
     chunk's positions not strictly increasing (so none repeats).
 
-    Encoding walks the vector a cache-sized group of chunks at a time
+    Encoding walks the vector a cache-sized slab of chunks at a time
     (:mod:`gossip.compression.slabs`): magnitudes into a reused workspace, numpy's
     introselect for each chunk's k-th largest, one comparison to collect the chunk's
-    positions (the exact tie-breaking selection runs only for a group where a tie or a NaN
+    positions (the exact tie-breaking selection runs only for a slab where a tie or a NaN
     makes that ambiguous), then a gather of the kept values. Decoding scatters the m values
     into zeros. Neither loops over chunks or coordinates in Python.
     """
@@ -198,7 +196,7 @@ class ChunkedTopK(Compressor):
 
     def _select_full_cpu(self, chunks: Tensor, index: Tensor, value: Tensor) -> None:
         """Fill ``index``/``value [n, full, k]`` from ``chunks [n, full, chunk]`` (CPU), a
-        cache-sized group of chunks at a time."""
+        cache-sized slab of chunks at a time."""
         n, full, size = chunks.shape
         k = self.k
         per_slab = max(1, layout.SLAB // size)
@@ -224,7 +222,7 @@ class ChunkedTopK(Compressor):
         (magnitudes, CPU), the fast way when no tie or NaN makes it ambiguous: each row's
         k-th largest by introselect, then the positions that reach it. When every row has
         exactly k of them they are the answer (no tie at the k-th largest, no NaN, which
-        compares false); else the exact selection runs on the group (NaN as +inf)."""
+        compares false); else the exact selection runs on the slab (NaN as +inf)."""
         g, size = scores.shape
         if k >= size:
             return torch.arange(size).repeat(g, 1)
