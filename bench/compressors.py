@@ -46,6 +46,9 @@ SPECS = [
     "topk:ratio=0.01",
     "randk:ratio=0.01",
     "topk:ratio=0.01,feedback=true",
+    "chunked-topk",
+    "chunked-topk:k=128",
+    "chunked-topk:feedback=true",
 ]
 
 _SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9}

@@ -27,18 +27,22 @@ simulator charges per message (:mod:`gossip.compression.envelope`).
 
 Codecs (spec strings for :func:`build_compressor`; :data:`COMPRESSORS` lists them):
 
-==========  ===========================================================  =========
-spec        decoded value                                                 bias
-==========  ===========================================================  =========
-none        x (dtype preserved)                                           lossless
-fp16        round-to-nearest float16                                      biased
-bf16        round-to-nearest bfloat16                                     biased
-qsgd        s * q / L, q = floor(L x / s + u), u ~ U[0,1) (Alistarh 2017)  unbiased
-topk        the k = ceil(ratio d) largest-magnitude coordinates           biased
-            (ties to the lower index, NaN counts as the largest)
-randk       k coordinates chosen uniformly at random (unscaled):          biased
-            the k largest of d U[0,1) keys, ties to the lower index
-==========  ===========================================================  =========
+============  ===========================================================  =========
+spec          decoded value                                                 bias
+============  ===========================================================  =========
+none          x (dtype preserved)                                           lossless
+fp16          round-to-nearest float16                                      biased
+bf16          round-to-nearest bfloat16                                     biased
+qsgd          s * q / L, q = floor(L x / s + u), u ~ U[0,1) (Alistarh 2017)  unbiased
+topk          the k = ceil(ratio d) largest-magnitude coordinates           biased
+              (ties to the lower index, NaN counts as the largest)
+randk         k coordinates chosen uniformly at random (unscaled):          biased
+              the k largest of d U[0,1) keys, ties to the lower index
+chunked-topk  per chunk of 4096, its k = 64 largest magnitudes, each        biased
+              read as the centroid of its 2-bit bin (SparseLoCo, Sarfi
+              et al. 2025), one centroid table per chunk: ~128x fewer
+              bytes than float32
+============  ===========================================================  =========
 
 Any lossy codec takes ``feedback=true`` to add error feedback (Seide et al. 2014; Stich et
 al. 2018, "Sparsified SGD with memory"): ``C(x + e)`` is sent and ``e <- x + e - C(x + e)``
@@ -48,7 +52,9 @@ One job per module: :mod:`~gossip.compression.errors` (what a receiver refuses),
 :mod:`~gossip.compression.wire_dtypes` (the dtype vocabulary, bytes in and out),
 :mod:`~gossip.compression.base` (the contract), :mod:`~gossip.compression.dense`,
 :mod:`~gossip.compression.quantization`, :mod:`~gossip.compression.sparse`,
-:mod:`~gossip.compression.feedback` (the codecs), :mod:`~gossip.compression.slabs` (walking
+:mod:`~gossip.compression.chunked`, :mod:`~gossip.compression.feedback` (the codecs),
+:mod:`~gossip.compression.bitpack` (integers of any width packed end to end),
+:mod:`~gossip.compression.slabs` (walking
 a large vector in cache-sized slabs, noise drawn in stream order),
 :mod:`~gossip.compression.selection` (the sparsifiers' exact k largest, ties to the lower
 index), :mod:`~gossip.compression.registry` (the table, specs, dispatch) and
@@ -56,7 +62,8 @@ index), :mod:`~gossip.compression.registry` (the table, specs, dispatch) and
 
 **Speed at model sizes.** Every codec is vectorized and allocates nothing of the vector's
 size beyond its output: qsgd quantizes and packs a slab at a time in a reused workspace,
-top-k and rand-k keep only the candidates above a threshold, error feedback reuses its
+top-k and rand-k keep only the candidates above a threshold, chunked top-k selects a
+cache-sized slab of chunks at a time, error feedback reuses its
 residual's memory, and :meth:`Compressor.wire_bytes` is counted without encoding.
 ``bench/compressors.py`` prints encode and decode at 10M and 100M parameters beside
 ``clone()``.
@@ -70,6 +77,7 @@ from gossip.compression.base import (
     node_generators,
     node_seed,
 )
+from gossip.compression.chunked import ChunkedTopK
 from gossip.compression.dense import BFloat16, Float16, NoCompression
 from gossip.compression.envelope import (
     ENVELOPE_KEYS,
@@ -99,6 +107,7 @@ __all__ = [
     "WIRE_DTYPES",
     "WIRE_DTYPE_NAMES",
     "BFloat16",
+    "ChunkedTopK",
     "Compressed",
     "Compressor",
     "CompressorInfo",

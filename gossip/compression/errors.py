@@ -14,10 +14,11 @@ PAYLOAD_ERROR_KINDS: tuple[PayloadErrorKind, ...] = get_args(PayloadErrorKind)
 
 ``codec``: unknown codec, or not this decoder's; ``field``: not a map, a field missing or
 extra, or of the wrong msgpack type; ``parameter``: a codec parameter carried in the payload
-(qsgd ``bits``/``block``, sparse ``k``) out of range or not this decoder's; ``dtype``: the
-``dtype`` field is not the one the codec sends; ``length``: a byte field's length does not
-match d and the parameters; ``index``: sparse indices outside [0, d) or not strictly
-increasing; ``value``: values outside their range (a negative qsgd scale, a level past 2L);
+(qsgd ``bits``/``block``, sparse ``k``, chunked-topk ``chunk``/``k``/``bits``/``group``) out of range
+or not this decoder's; ``dtype``: the ``dtype`` field is not the one the codec sends;
+``length``: a byte field's length does not match d and the parameters; ``index``: sparse
+indices outside [0, d) (chunked-topk: outside their chunk) or not strictly increasing (within
+each chunk); ``value``: values outside their range (a negative qsgd scale, a level past 2L);
 ``non_finite``: NaN or infinity in a float field."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from gossip.compression.base import Compressor
+from gossip.compression.chunked import MAX_CHUNK, ChunkedTopK
 from gossip.compression.dense import BFloat16, Float16, NoCompression
 from gossip.compression.errors import PayloadError
 from gossip.compression.feedback import ErrorFeedback
@@ -71,6 +72,20 @@ COMPRESSORS: dict[str, CompressorInfo] = {
             },
             "k uniformly random coordinates, unscaled (biased)",
         ),
+        CompressorInfo(
+            "chunked-topk",
+            ChunkedTopK,
+            {
+                "chunk": (int, 4096, "coordinates per chunk, in [1, 2^30]"),
+                "k": (int, 64, "coordinates kept per chunk, in [1, chunk]"),
+                "bits": (int, 2, "bits per kept value: 2, 4 or 8"),
+                "sigmas": (float, 6.0, "width of the bins, in standard deviations (> 0)"),
+                "group": (int, 1, "consecutive chunks sharing one centroid table, in [1, 2^30]"),
+                "feedback": _FEEDBACK,
+            },
+            "SparseLoCo: k largest magnitudes per chunk, b-bit values read through per-bin "
+            "centroids (Sarfi et al. 2025; biased)",
+        ),
     ]
 }
 """Every codec, by its name on the wire (the envelope's and the payload's ``codec``)."""
@@ -122,6 +137,8 @@ def _decoder(payload: Mapping[str, Any]) -> Compressor:
             f"payload field 'codec' {codec!r:.40} is unknown; expected one of {sorted(COMPRESSORS)}",
             field="codec",
         )
+    if codec == "chunked-topk":
+        return _chunked_decoder(payload)
     if codec != "qsgd":  # the sparsifiers' k travels in the payload; none/fp16/bf16 have none
         return COMPRESSORS[codec].factory()
     bits = read_field(payload, "bits", int)
@@ -137,6 +154,37 @@ def _decoder(payload: Mapping[str, Any]) -> Compressor:
             "parameter", f"payload field 'block' must be >= 1, got {block}", field="block"
         )
     return StochasticQuantization(bits, block)
+
+
+def _chunked_decoder(payload: Mapping[str, Any]) -> ChunkedTopK:
+    """chunked-topk's decoder, with the chunk, k and bits the payload carries (checked)."""
+    chunk = read_field(payload, "chunk", int)
+    k = read_field(payload, "k", int)
+    bits = read_field(payload, "bits", int)
+    group = read_field(payload, "group", int)
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise PayloadError(
+            "parameter",
+            f"payload field 'chunk' must be in [1, {MAX_CHUNK}], got {chunk}",
+            field="chunk",
+        )
+    if not 1 <= k <= chunk:
+        raise PayloadError(
+            "parameter", f"payload field 'k' must be in [1, chunk={chunk}], got {k}", field="k"
+        )
+    if bits not in ChunkedTopK.BITS:
+        raise PayloadError(
+            "parameter",
+            f"payload field 'bits' must be one of {ChunkedTopK.BITS}, got {bits}",
+            field="bits",
+        )
+    if not 1 <= group <= MAX_CHUNK:
+        raise PayloadError(
+            "parameter",
+            f"payload field 'group' must be in [1, {MAX_CHUNK}], got {group}",
+            field="group",
+        )
+    return ChunkedTopK(chunk, k, bits, group=group)
 
 
 def decode(payload: Mapping[str, Any], d: int) -> Tensor:

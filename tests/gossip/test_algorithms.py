@@ -570,7 +570,9 @@ def _late_sums(table, sent, lost):  # type: ignore[no-untyped-def]
     return (torch.where(lost, weights, 0.0).unsqueeze(-1) * sent[index]).sum(dim=1)
 
 
-@pytest.mark.parametrize("codec", ["none", "qsgd:bits=4", "topk:ratio=0.3"])
+@pytest.mark.parametrize(
+    "codec", ["none", "qsgd:bits=4", "topk:ratio=0.3", "chunked-topk:chunk=4,k=2"]
+)
 def test_choco_late_increment_restores_copies_and_average(codec: str) -> None:
     """A message that misses its round arrives at the next one: after ``late`` every public
     copy sum and the network average equal those of on-time delivery (Choco's docstring)."""
@@ -658,6 +660,10 @@ RULES: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "choco-topk": (lambda: Choco(build_compressor("topk:ratio=0.2"), consensus_step=0.2), "ring"),
     "choco-randk": (lambda: Choco(build_compressor("randk:ratio=0.2"), consensus_step=0.2), "ring"),
+    "choco-chunked-topk": (
+        lambda: Choco(build_compressor("chunked-topk:chunk=8,k=2"), consensus_step=0.2),
+        "ring",
+    ),
 }
 
 

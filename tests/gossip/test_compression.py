@@ -32,6 +32,8 @@ SPECS = [
     "topk:ratio=0.01",
     "topk:ratio=0.3",
     "randk:ratio=0.05",
+    "chunked-topk:chunk=64,k=5",
+    "chunked-topk:chunk=100,k=7,bits=4",
 ]
 
 
@@ -274,10 +276,24 @@ _FIELD_VALUES = st.one_of(
 
 
 @given(
-    codec=st.sampled_from(["none", "fp16", "bf16", "qsgd", "topk", "randk", "zstd"]),
+    codec=st.sampled_from(
+        ["none", "fp16", "bf16", "qsgd", "topk", "randk", "chunked-topk", "zstd"]
+    ),
     fields=st.dictionaries(
         st.sampled_from(
-            ["dtype", "data", "bits", "block", "scale", "level", "k", "index", "value"]
+            [
+                "dtype",
+                "data",
+                "bits",
+                "block",
+                "scale",
+                "level",
+                "k",
+                "index",
+                "value",
+                "chunk",
+                "centroid",
+            ]
         ),
         _FIELD_VALUES,
         max_size=6,
@@ -295,7 +311,18 @@ def test_random_payloads_decode_or_raise_value_error(codec: str, fields: dict, d
 
 
 @given(
-    spec=st.sampled_from(["none", "fp16", "bf16", "qsgd:bits=2,block=3", "qsgd", "topk:ratio=0.3"]),
+    spec=st.sampled_from(
+        [
+            "none",
+            "fp16",
+            "bf16",
+            "qsgd:bits=2,block=3",
+            "qsgd",
+            "topk:ratio=0.3",
+            "chunked-topk:chunk=6,k=3",
+            "chunked-topk:chunk=8,k=2,bits=8",
+        ]
+    ),
     d=st.integers(min_value=1, max_value=20),
     data=st.data(),
 )
@@ -319,7 +346,14 @@ def test_a_huge_claimed_block_allocates_nothing_big() -> None:
 
 @given(d=st.integers(min_value=1, max_value=64), cut=st.integers(min_value=1, max_value=8))
 def test_every_truncation_of_a_real_payload_is_refused(d: int, cut: int) -> None:
-    for spec in ["none", "fp16", "bf16", "qsgd:bits=4,block=8", "topk:ratio=0.5"]:
+    for spec in [
+        "none",
+        "fp16",
+        "bf16",
+        "qsgd:bits=4,block=8",
+        "topk:ratio=0.5",
+        "chunked-topk:chunk=16,k=8,bits=8",
+    ]:
         payload = good(spec, d)
         for key, value in payload.items():
             if isinstance(value, bytes) and value:
@@ -423,8 +457,22 @@ def test_the_wire_has_one_dtype_vocabulary() -> None:
 
 
 def test_registry_lists_every_codec_and_specs_round_trip() -> None:
-    assert sorted(COMPRESSORS) == ["bf16", "fp16", "none", "qsgd", "randk", "topk"]
-    for spec in [*SPECS, "topk:ratio=0.01,feedback=true", "qsgd:bits=4,block=8,feedback=yes"]:
+    assert sorted(COMPRESSORS) == [
+        "bf16",
+        "chunked-topk",
+        "fp16",
+        "none",
+        "qsgd",
+        "randk",
+        "topk",
+    ]
+    for spec in [
+        *SPECS,
+        "topk:ratio=0.01,feedback=true",
+        "qsgd:bits=4,block=8,feedback=yes",
+        "chunked-topk",
+        "chunked-topk:bits=8,sigmas=3.5,feedback=true",
+    ]:
         codec = build_compressor(spec)
         assert build_compressor(codec.spec).spec == codec.spec
 
@@ -432,7 +480,7 @@ def test_registry_lists_every_codec_and_specs_round_trip() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("zip", "unknown compressor 'zip'; choose one of ['bf16', 'fp16', 'none'"),
+        ("zip", "unknown compressor 'zip'; choose one of ['bf16', 'chunked-topk', 'fp16'"),
         ("topk:k=3", "has no parameter 'k'; choose from ['feedback', 'ratio']"),
         ("topk:ratio=0", "ratio must be in (0, 1]"),
         ("topk:ratio=abc", "parameter 'ratio' must be float"),

@@ -44,6 +44,8 @@ CODECS = [
     "topk:ratio=0.1",
     "randk:ratio=0.1",
     "topk:ratio=0.1,feedback=true",
+    "chunked-topk",
+    "chunked-topk:chunk=300,k=7,bits=4,feedback=true",
 ]
 LENGTHS = [1000, 70_001]
 """A small body, and one whose dense fields (``none``, ``fp16``, ``bf16``, ``qsgd:bits=8``)
@@ -178,7 +180,7 @@ def _context(n: int) -> Context:
 
 def _algorithm(spec: str, push_sum: bool) -> object:
     compressor = build_compressor(spec)
-    if compressor.codec in {"topk", "randk"}:  # sparsifiers send deltas: CHOCO
+    if compressor.codec in {"topk", "randk", "chunked-topk"}:  # sparsifiers send deltas: CHOCO
         return Choco(compressor, consensus_step=0.5)
     return PushSum(compressor=compressor) if push_sum else DecentralizedSGD(compressor=compressor)
 

@@ -222,6 +222,8 @@ async def test_push_sum_peers_match_the_simulator(topology: str) -> None:
         "topk:ratio=0.3",
         "randk:ratio=0.3",
         "topk:ratio=0.3,feedback=true",
+        "chunked-topk:chunk=16,k=5",
+        "chunked-topk:chunk=24,k=6,bits=4,feedback=true",
     ],
 )
 async def test_choco_peers_match_the_simulator(codec: str) -> None:

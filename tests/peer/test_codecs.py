@@ -139,6 +139,45 @@ async def test_a_running_peer_answers_each_kind_with_its_status_and_code(kind: s
         assert model_bytes(peer) == before
 
 
+def _repeated_position(d: int) -> dict[str, object]:
+    """chunked-topk with its first chunk's first two 4-bit positions both 1."""
+    good = payload("chunked-topk:chunk=16,k=4", d)
+    return good | {"index": b"\x11" + bytes(good["index"])[1:]}  # type: ignore[arg-type]
+
+
+# SparseLoCo's codec (chunked-topk): its own refusals, status and code
+CHUNKED_CASES: dict[str, tuple[Corrupt, int, str]] = {
+    "repeated position": (_repeated_position, 400, "malformed_body"),
+    "nan centroid": (
+        lambda d: payload(
+            "chunked-topk:chunk=16,k=4", d, centroid=b"\x00\x00\xc0\x7f" * 4 * math.ceil(d / 16)
+        ),
+        422,
+        "non_finite",
+    ),
+    "short levels": (
+        lambda d: payload("chunked-topk:chunk=16,k=4", d, level=b""),
+        422,
+        "shape_mismatch",
+    ),
+    "bits 3": (lambda d: payload("chunked-topk:chunk=16,k=4", d, bits=3), 400, "malformed_body"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHUNKED_CASES))
+async def test_a_running_peer_refuses_bad_chunked_topk_payloads_untouched(case: str) -> None:
+    corrupt, status, code = CHUNKED_CASES[case]
+    async with started_peer("callee", seed=1) as peer:
+        body = corrupt(peer.spec.numel)
+        envelope = {"v": wire.PROTOCOL_VERSION, "sender": "caller", "round": 0, "step": 0}
+        envelope |= {"codec": "chunked-topk", "payload": body}
+        before = model_bytes(peer)
+        got_status, answer = await _post_exchange(peer, envelope)
+        assert got_status == status, answer
+        assert json.loads(answer)["error"] == code
+        assert model_bytes(peer) == before
+
+
 @pytest.mark.parametrize("case", list(NONE_CASES))
 async def test_a_running_peer_refuses_bad_none_payloads_untouched(case: str) -> None:
     corrupt, status, code = NONE_CASES[case]

@@ -142,7 +142,15 @@ def test_sparse_codecs_are_built_and_decoded_the_configuration_decides_who_may_s
         msgpack.unpackb(msgpack.packb(codec.encode(x))), SPEC
     )
     assert int((decoded != 0).sum()) == 3
-    assert set(codecs.receiving_codecs()) == {"none", "fp16", "bf16", "qsgd", "topk", "randk"}
+    assert set(codecs.receiving_codecs()) == {
+        "none",
+        "fp16",
+        "bf16",
+        "qsgd",
+        "topk",
+        "randk",
+        "chunked-topk",
+    }
     with pytest.raises(ValueError, match=r"codec: unknown compressor 'zstd'; choose one of"):
         codecs.build_codec("zstd")
     with pytest.raises(ValueError, match=r"codec: compressor 'topk' has no parameter 'bits'"):

@@ -109,8 +109,8 @@ def test_an_invalid_choice_lists_the_allowed_values_in_the_one_format() -> None:
         "gossipnet peer: error: --mode: invalid choice 'gossip'; allowed: async, sync"
     )
     assert one_error_line(gossipnet("launch", "--compressor", "zip")) == (
-        "gossipnet launch: error: --compressor: unknown compressor 'zip'; allowed: bf16, fp16, "
-        "none, qsgd, randk, topk"
+        "gossipnet launch: error: --compressor: unknown compressor 'zip'; allowed: bf16, "
+        "chunked-topk, fp16, none, qsgd, randk, topk"
     )
     assert one_error_line(gossipnet("no-such-command")).startswith(
         "gossipnet: error: COMMAND: invalid choice 'no-such-command'; allowed: demo, peer, "

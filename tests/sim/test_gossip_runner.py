@@ -66,6 +66,22 @@ def test_compressed_choco_sends_fewer_bytes_and_still_learns() -> None:
     assert compressed[-1].test_accuracy > 0.6
 
 
+def test_choco_with_sparselocos_codec_learns_and_is_charged_its_exact_bodies() -> None:
+    """CHOCO sending chunked top-k with 2-bit centroids (Sarfi et al. 2025) learns, and each
+    message is charged the envelope a peer sends around the codec's exact payload."""
+    n = 8
+    compressor = build_compressor("chunked-topk:chunk=128,k=13")
+    choco = SynchronousGossip(Choco(compressor, consensus_step=0.5), static("ring", n))
+    ctx, evaluation = make_context(n, batch_size=16)
+    records = run(choco, ctx, evaluation, rounds=40, eval_every=40)
+    payload = compressor.wire_bytes(ctx.peers.dim)
+    wire = envelope_bytes(payload, sender="peer-0", round=0, step=0, codec="chunked-topk")
+    assert records[-1].bytes_total == 40 * n * 2 * wire
+    # 104 of 1002 values at 7 + 2 bits, eight tables of four centroids: 316 bytes in all
+    assert payload < ctx.model_bytes / 12
+    assert records[-1].test_accuracy > 0.6
+
+
 def test_sign_flip_byzantine_peers_break_averaging_but_not_trimmed_mean() -> None:
     n, f = 16, 3
 
