@@ -259,13 +259,13 @@ SETTINGS: tuple[Setting, ...] = (
         name="compressor",
         type=str,
         default="none",
-        allowed="none, fp16, bf16, qsgd[:bits=B]; choco and sparseloco: any codec "
-        "(topk[:ratio=R], randk[:ratio=R], ...; gossipnet compressors) too",
+        allowed="none, fp16, bf16, qsgd[:bits=B]; choco and sparseloco: topk[:ratio=R], "
+        "randk[:ratio=R], chunked-topk[:chunk=C,k=K,bits=B] too",
         help="compressor of what a node sends (its model; choco: differences; noloco: model "
         "and slow weights; sparseloco: its error-feedback buffer)",
         readers=("dpsgd", "local-sgd", "push-sum", "choco", "ad-psgd", *OUTER_FAMILY),
         check=_compressor,
-        defaults={"sparseloco": "topk:ratio=0.02"},
+        defaults={"sparseloco": "chunked-topk"},
         metavar="SPEC",
     ),
     Setting(

@@ -21,9 +21,13 @@ CASES = {
     ),
     # a ring, not the paper's complete graph, where every node ends equal and a comparison
     # of rows could not tell one node's error buffer from another's
-    "SparseLoCo with top-k and error feedback on a ring": (
+    "SparseLoCo with chunked top-k at 2 bits and error feedback on a ring": (
         Problem(topology="ring"),
-        {"algorithm": "sparseloco", "compressor": "topk:ratio=0.2", "error_feedback": 0.9},
+        {
+            "algorithm": "sparseloco",
+            "compressor": "chunked-topk:chunk=16,k=4,bits=2",
+            "error_feedback": 0.9,
+        },
     ),
 }
 
