@@ -1,0 +1,55 @@
+"""A language model in the simulator: it trains, its records carry validation loss and bits
+per byte, and its figures and targets use bits per byte (lower is better), not accuracy."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from sim.build import build
+from sim.config import experiment_from_dict
+from sim.figures import draw_runs, target_accuracy, time_to_target
+from sim.metrics import COLUMNS, LANGUAGE_MODEL_COLUMNS, columns, read_jsonl, write_jsonl
+from sim.runner import run
+
+EXPERIMENT = {
+    "seed": 0,
+    "workload": {
+        "dataset": "text:context=16,max_bytes=40000",
+        "partition": "iid",
+        "model": "gpt:layers=1,width=16,heads=2",
+        "peers": 4,
+        "batch_size": 8,
+    },
+    "optimizer": {"name": "adam", "lr": 0.01},
+    "algorithm": {"name": "dpsgd", "topology": "ring"},
+}
+
+
+def test_a_gpt_trains_with_dpsgd_and_records_bits_per_byte(tmp_path: Path) -> None:
+    config = experiment_from_dict({**EXPERIMENT, "rounds": 12, "eval_every": 6})
+    records = run(*build(config), rounds=12, eval_every=6)
+    first, last = records[0], records[-1]
+    assert first.task == "language-model"
+    assert 7.5 < first.test_bits_per_byte < 8.5  # an untrained byte model: about 8 bits
+    assert last.test_bits_per_byte < first.test_bits_per_byte - 1.0  # it learns
+    assert math.isclose(last.test_bits_per_byte, last.test_loss / math.log(2))
+    assert last.peer_bits_per_byte_worst >= last.peer_bits_per_byte_mean
+    assert (
+        last.headline == last.test_bits_per_byte
+        and last.worst_peer == last.peer_bits_per_byte_worst
+    )
+    assert columns(records) == COLUMNS + LANGUAGE_MODEL_COLUMNS
+    write_jsonl(records, tmp_path / "records.jsonl")
+    back = read_jsonl(tmp_path / "records.jsonl")
+    assert back[1:] == records[1:]  # (the first has train_loss NaN, never equal to itself)
+    assert back[0].test_bits_per_byte == first.test_bits_per_byte
+
+    runs = {"dpsgd": records, "slower": records[:-1]}
+    target = target_accuracy(runs, 0.9)  # lower is better: the best final / 0.9
+    assert math.isclose(target, last.test_bits_per_byte / 0.9)
+    assert time_to_target(records, target) is not None
+    figure = draw_runs(runs)
+    labels = {axis.get_ylabel() for axis in figure.axes}
+    assert any(label.startswith("validation bits per byte") for label in labels)
+    assert not any("accuracy" in label for label in labels)
