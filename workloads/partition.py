@@ -329,8 +329,8 @@ def partition(
     resolved = entry.resolve({**given, **params})
     if labels.ndim == 2 and name != "iid":
         raise ValueError(
-            f"partition: {name!r} splits by class label, but these targets are a language "
-            "model's next tokens [N, L]; allowed: iid"
+            f"{name}: splits by class label, but these targets are a language model's next "
+            "tokens [N, L]; allowed: iid"
         )
     if labels.ndim == 2:  # iid counts samples only: one column stands for the sample
         labels = labels[:, 0]

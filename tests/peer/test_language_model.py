@@ -72,3 +72,33 @@ def test_a_peer_trains_a_gpt_on_text_and_its_model_generates(tmp_path: Path) -> 
     text = generate(model, "def ", 40, temperature=0.8, seed=0)
     assert len(text.encode("utf-8", "surrogateescape")) == 40
     assert text == generate(load_model(model_file), "def ", 40, temperature=0.8, seed=0)
+
+
+def test_launchs_table_shows_bits_per_byte_for_a_language_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from peer.app.report import print_results, title
+
+    peer = {"id": "peer-0", "step": 10, "test_accuracy": 0.3, "test_loss": 2.0,
+            "test_bits_per_byte": 2.0 / math.log(2), "exchanges_ok": 4, "exchanges_failed": 0}  # fmt: skip
+    results = {
+        "peers": [peer],
+        "centralized": {
+            "test_accuracy": 0.31,
+            "test_loss": 1.9,
+            "samples": 40,
+            "error": None,
+            "test_bits_per_byte": 1.9 / math.log(2),
+        },
+        "mean_test_accuracy": 0.3,
+        "mean_test_bits_per_byte": peer["test_bits_per_byte"],
+        "steps": 10,
+    }
+    args = argparse.Namespace(steps=10, batch_size=4, peers=1)
+    assert title(results, args).startswith("validation bits per byte after 10 steps")
+    print_results(results, args)
+    table = capsys.readouterr().out
+    assert "val. bits/byte" in table and "2.885" in table and "+0.144" in table
+    assert "%" not in table

@@ -92,7 +92,7 @@ def test_language_model_partition_is_iid_only(tmp_path: Path) -> None:
     data = load_dataset(f"text:path={_corpus(tmp_path / 'c')},context=16")
     parts = partition("iid", data.y_train, num_peers=3, seed=0)
     assert sorted(torch.cat(parts).tolist()) == list(range(data.num_train))
-    with pytest.raises(ValueError, match=r"'dirichlet' splits by class label.*allowed: iid"):
+    with pytest.raises(ValueError, match=r"dirichlet: splits by class label.*allowed: iid"):
         partition("dirichlet", data.y_train, num_peers=3)
 
 
