@@ -11,6 +11,7 @@ from sim.config import experiment_from_dict
 from sim.figures import draw_runs, target_accuracy, time_to_target
 from sim.metrics import COLUMNS, LANGUAGE_MODEL_COLUMNS, columns, read_jsonl, write_jsonl
 from sim.runner import run
+from sim.sweep_figure import draw_sweep
 
 EXPERIMENT = {
     "seed": 0,
@@ -53,3 +54,11 @@ def test_a_gpt_trains_with_dpsgd_and_records_bits_per_byte(tmp_path: Path) -> No
     labels = {axis.get_ylabel() for axis in figure.axes}
     assert any(label.startswith("validation bits per byte") for label in labels)
     assert not any("accuracy" in label for label in labels)
+
+    rows = [record.as_dict() for record in records]
+    cells = {("ring", "0.01"): rows, ("ring", "0.1"): rows[:2], ("torus", "0.01"): "failed"}
+    sweep = draw_sweep(["topology", "lr"], [["ring", "torus"], ["0.01", "0.1"]], cells, title="t")
+    text = " ".join([sweep._suptitle.get_text()] + [axis.get_ylabel() for axis in sweep.axes])
+    assert "bits per byte" in text and "accuracy" not in text
+    bars = draw_sweep(["lr"], [["0.01"]], {("0.01",): rows}, title="t")
+    assert bars.axes[0].get_xlim()[1] >= last.test_bits_per_byte
