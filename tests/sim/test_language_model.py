@@ -28,7 +28,8 @@ EXPERIMENT = {
 
 
 def test_a_gpt_trains_with_dpsgd_and_records_bits_per_byte(tmp_path: Path) -> None:
-    config = experiment_from_dict({**EXPERIMENT, "rounds": 12, "eval_every": 6})
+    groups = {"groups": {"a": "0-1", "b": "2-3"}}
+    config = experiment_from_dict({**EXPERIMENT, **groups, "rounds": 12, "eval_every": 6})
     records = run(*build(config), rounds=12, eval_every=6)
     first, last = records[0], records[-1]
     assert first.task == "language-model"
@@ -40,7 +41,9 @@ def test_a_gpt_trains_with_dpsgd_and_records_bits_per_byte(tmp_path: Path) -> No
         last.headline == last.test_bits_per_byte
         and last.worst_peer == last.peer_bits_per_byte_worst
     )
-    assert columns(records) == COLUMNS + LANGUAGE_MODEL_COLUMNS
+    # groups of peers work for a language model too (their accuracy is next-byte accuracy)
+    assert first.group_metrics["group/a/accuracy"] == first.test_accuracy
+    assert columns(records)[: len(COLUMNS) + 3] == COLUMNS + LANGUAGE_MODEL_COLUMNS
     write_jsonl(records, tmp_path / "records.jsonl")
     back = read_jsonl(tmp_path / "records.jsonl")
     assert back[1:] == records[1:]  # (the first has train_loss NaN, never equal to itself)
