@@ -188,7 +188,13 @@ def generate(
             tokens = torch.cat((tokens, tokens.new_tensor([[following]])), dim=1)
     finally:
         model.train(training)
-    written = bytes(tokens[0, len(raw) :].tolist())
+    produced = tokens[0, len(raw) :].tolist()
+    if any(token > 255 for token in produced):
+        raise ValueError(
+            f"generate: the model wrote token {max(produced)}; generate decodes bytes, so the "
+            "model's vocabulary must be the 256 byte values"
+        )
+    written = bytes(produced)
     return written.decode("utf-8", "surrogateescape")
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "cross_entropy",
     "evaluate",
     "metrics",
+    "task_named",
 ]
 
 CLASSIFICATION = "classification"

@@ -11,8 +11,9 @@
   read in that order until ``max_bytes`` bytes are read (the last one cut). The first files
   of that order whose bytes make up ``val_fraction`` of the total (at least one file) are the
   validation split, the rest train: no file contributes to both, and the same seed gives
-  the same split. A single file is split by position instead: its last ``val_fraction``
-  of bytes validate.
+  the same split. When the bytes read come from one file (a single file, or a
+  ``max_bytes`` smaller than the first file of the order) that file is split by position
+  instead: its last ``val_fraction`` of bytes validate.
 - **Samples.** Each split's files are concatenated into one byte stream ``s`` and cut into
   non-overlapping contexts of ``L = context`` bytes: sample ``i`` is ``x = s[iL : iL + L]``,
   ``y = s[iL + 1 : iL + L + 1]`` (the next byte of every position), both int64. The
