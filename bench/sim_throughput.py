@@ -32,7 +32,13 @@ warm-up round:
 - ``fedavg``: FedAvg with 5 local steps, client fraction 0.1 against 1.0;
 - ``byzantine``: D-PSGD with trimmed mean (b=2) on a random 8-regular graph, no Byzantine peers
   against 10 % of them sending sign-flip or ALIE (their messages injected chunk by chunk);
-- ``scale``: D-PSGD and AD-PSGD at ``--scale-peers`` peers (10,000 by default).
+- ``scale``: D-PSGD and AD-PSGD at ``--scale-peers`` peers (10,000 by default);
+- ``gpt``: the language model (``workloads`` ``gpt``, ``--gpt-model`` on byte contexts of
+  ``--gpt-context``) at ``--gpt-peers`` peers (16), batch ``--gpt-batch`` contexts: peer-steps
+  per second of the simulator's engine (``BatchedPeers``' ``vmap(grad)`` and the fused
+  ``BlockedOptimizer``, SGD with momentum) against the per-peer loop of ``ReferencePeers``
+  (one module and one foreach SGD per peer), training only, best of ``--steps`` steps after a
+  warm-up, medians of ``--repeats`` alternating repeats, at each of ``--threads``.
 
 Rows with a ``peak`` column run in a fresh child process each; peak is that process's peak
 resident set size (``VmHWM`` of ``/proc/self/status``, ``ru_maxrss`` where there is no
@@ -41,6 +47,7 @@ resident set size (``VmHWM`` of ``/proc/self/status``, ``ru_maxrss`` where there
     .venv/bin/python bench/sim_throughput.py                  # every row
     .venv/bin/python bench/sim_throughput.py --sizes 64 --batch-sizes 32 --threads 1 --steps 3
     .venv/bin/python bench/sim_throughput.py --rows adpsgd,scale --rounds 3
+    .venv/bin/python bench/sim_throughput.py --rows gpt
 """
 
 from __future__ import annotations
@@ -183,7 +190,7 @@ def peak_rss_bytes() -> int:
 
 # --------------------------------------------------------------------------- whole rounds
 
-ROWS = ("throughput", "adpsgd", "fedavg", "byzantine", "scale")
+ROWS = ("throughput", "adpsgd", "fedavg", "byzantine", "scale", "gpt")
 SAMPLES_PER_PEER = 64
 BYTES_PER_VALUE = 4
 
@@ -408,11 +415,86 @@ def scale_rows(args: argparse.Namespace) -> None:
         )
 
 
+def gpt_rows(args: argparse.Namespace) -> None:
+    n, batch, length = args.gpt_peers, args.gpt_batch, args.gpt_context
+    device = torch.device(args.gpt_device)
+
+    def factory() -> torch.nn.Module:
+        return build_model(args.gpt_model, (length,), 256, seed=0)
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    generator = torch.Generator().manual_seed(0)
+    data = [
+        (
+            torch.randint(0, 256, (n, batch, length), generator=generator).to(device),
+            torch.randint(0, 256, (n, batch, length), generator=generator).to(device),
+        )
+        for _ in range(args.steps + 1)
+    ]
+
+    def engine() -> float:
+        peers = BatchedPeers(factory, n, seed=0, device=device)
+        trainer = BlockedOptimizer(peers, peers.params, sgd)
+        times = []
+        for x, y in data:
+            synchronize()
+            start = time.perf_counter()
+            trainer.step(x, y)
+            synchronize()
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    def loop() -> float:
+        reference = ReferencePeers(
+            factory().to(device),
+            n,
+            lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=True),
+        )
+        times = []
+        for x, y in data:
+            synchronize()
+            start = time.perf_counter()
+            reference.step(x, y)
+            synchronize()
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    print(
+        f"\ngpt {args.gpt_model!r} on {device}: {parameter_count(factory()):,} parameters, {n} "
+        f"peers, batch "
+        f"{batch} contexts of {length} bytes; training peer-steps per second (gradient + SGD "
+        f"momentum), best of {args.steps} steps, medians of {args.repeats} alternating repeats"
+    )
+    line = "{:>7} {:>14} {:>14} {:>7} {:>14}"
+    print(line.format("threads", "engine", "per-peer loop", "ratio", "ratio range"))
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        runs = [(engine(), loop()) for _ in range(args.repeats)]
+        fast = statistics.median(r[0] for r in runs)
+        slow = statistics.median(r[1] for r in runs)
+        ratios = sorted(r[1] / r[0] for r in runs)
+        print(
+            line.format(
+                threads,
+                f"{n / fast:,.0f}",
+                f"{n / slow:,.0f}",
+                f"{statistics.median(ratios):.2f}x",
+                f"{ratios[0]:.2f}-{ratios[-1]:.2f}x",
+            ),
+            flush=True,
+        )
+    torch.set_num_threads(args.threads[0])
+
+
 ROW_RUNNERS: dict[str, Callable[[argparse.Namespace], None]] = {
     "adpsgd": adpsgd_rows,
     "fedavg": fedavg_rows,
     "byzantine": byzantine_rows,
     "scale": scale_rows,
+    "gpt": gpt_rows,
 }
 
 
@@ -476,6 +558,11 @@ def main() -> int:
         default=0.9,
         help="SGD momentum of the scale rows (0: no momentum buffer, one [n, d] less)",
     )
+    parser.add_argument("--gpt-model", default="gpt", help="the gpt row's model spec")
+    parser.add_argument("--gpt-peers", type=int, default=16)
+    parser.add_argument("--gpt-batch", type=int, default=8, help="contexts per peer and step")
+    parser.add_argument("--gpt-context", type=int, default=64, help="bytes per context")
+    parser.add_argument("--gpt-device", default="cpu", help="the gpt row's device (cpu, cuda)")
     parser.add_argument("--child-memory", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-run", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -36,6 +36,7 @@ from sim.linear_chain import LinearChain, NotALinearChainError
 from workloads.batching import splitmix64
 from workloads.dropout import SeededDropout, has_dropout
 from workloads.models import NotBatchableError, check_batchable
+from workloads.task import cross_entropy
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
@@ -102,7 +103,9 @@ class BatchedPeers:
         init: ``"same"`` (every peer starts from the same weights, as in D-PSGD) or
             ``"independent"`` (peer i is built under seed ``seed + i``).
         seed: seeds the initial weights and the dropout masks of :meth:`gradients`.
-        loss: ``loss(logits [B, C], targets [B]) -> scalar``; cross entropy by default.
+        loss: ``loss(logits [B, C], targets [B]) -> scalar``; by default cross entropy over
+            every target (:func:`workloads.task.cross_entropy`: a classifier's ``[B, C]``
+            logits and ``[B]`` labels, or a language model's ``[B, L, V]`` and ``[B, L]``).
         kernel: how gradients are computed. ``"auto"`` (default): by the hand-derived
             batched kernels of :class:`sim.linear_chain.LinearChain` when the model is a
             chain of ``Linear`` layers and activations (an MLP, logistic regression, such an
@@ -165,7 +168,7 @@ class BatchedPeers:
         self.layout = ParameterLayout.from_module(template)
         if self.layout.numel == 0:
             raise ValueError("model: has no parameters to train (numel 0)")
-        self.loss: LossFunction = loss if loss is not None else nn.functional.cross_entropy
+        self.loss: LossFunction = loss if loss is not None else cross_entropy
         device = torch.device(device)
         self.buffers = {name: b.detach().to(device) for name, b in template.named_buffers()}
         first = _flat(self.layout, template).to(dtype)
@@ -344,9 +347,13 @@ class BatchedPeers:
     def evaluate(
         self, x: Tensor, y: Tensor, params: Tensor | None = None, *, batch_size: int = 4096
     ) -> tuple[Tensor, Tensor]:
-        """Accuracy ``[m]`` and mean loss ``[m]`` of models ``params [m, d]`` on ``(x, y)``.
+        """Accuracy ``[m]`` and mean loss ``[m]`` per target of models ``params [m, d]`` on
+        ``(x, y)``: a classifier's labels ``y [N]``, or a language model's next tokens
+        ``y [N, L]`` (accuracy is then next-token top-1, the loss the mean over all N·L
+        positions; :func:`workloads.task.metrics` names them for the task).
 
-        One vmap over the models per chunk of ``batch_size`` examples.
+        One vmap over the models per chunk of ``batch_size`` targets (examples of a
+        classifier, ``batch_size // L`` contexts of a language model).
         """
         flat = self.params if params is None else params
         if batch_size < 1:
@@ -354,12 +361,14 @@ class BatchedPeers:
         correct = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
         total_loss = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
         loss_per_model = vmap(self.loss, in_dims=(0, None))
-        for start in range(0, x.shape[0], batch_size):
-            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        per_sample = max(math.prod(y.shape[1:]), 1)
+        rows = max(batch_size // per_sample, 1)
+        for start in range(0, x.shape[0], rows):
+            xb, yb = x[start : start + rows], y[start : start + rows]
             out = self.logits(xb, flat)
-            correct += (out.argmax(dim=-1) == yb).sum(dim=1).double()
-            total_loss += loss_per_model(out, yb).double() * xb.shape[0]
-        count = max(int(x.shape[0]), 1)
+            correct += (out.argmax(dim=-1) == yb).flatten(1).sum(dim=1).double()
+            total_loss += loss_per_model(out, yb).double() * yb.numel()
+        count = max(int(y.numel()), 1)
         return correct / count, total_loss / count
 
     def module(self, row: int | Tensor) -> nn.Module:

@@ -285,5 +285,7 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
             num_classes=data.num_classes,
             seed=config.seed,
         )
-    evaluation = Evaluation(data.x_test, data.y_test, seed=config.seed, groups=groups)
+    evaluation = Evaluation(
+        data.x_test, data.y_test, seed=config.seed, groups=groups, task=data.task
+    )
     return algorithm, ctx, evaluation

@@ -55,6 +55,7 @@ from sim.sweep_progress import SweepProgress
 from sim.sweep_store import RunStore
 from sim.sweep_table import MissingDependency, parquet_available
 from sim.sweep_table import write_csv as write_table
+from workloads.task import LANGUAGE_MODEL
 
 _FIELDS_HELP = (
     "FIELD is a short name ("
@@ -203,13 +204,15 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
     # a run that diverged shows its last evaluation before that, and the round it diverged at
     diverged = any(records[-1].diverged_at is not None for records in runs.values())
     table = Table(title="final evaluation (honest peers)")
+    language = any(records[-1].task == LANGUAGE_MODEL for records in runs.values())
+    headline = "val. bits/byte" if language else "accuracy"
     for column in (
         first,
         "rounds",
         "sim time (s)",
         "bytes total",
         "bytes busiest",
-        "accuracy",
+        headline,
         "worst peer",
         "consensus dist.",
         *(("diverged at",) if diverged else ()),
@@ -223,8 +226,8 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
             f"{last.time:.4g}",
             f"{last.bytes_total:.4g}",
             f"{last.bytes_busiest:.4g}",
-            f"{last.test_accuracy:.4f}",
-            f"{last.peer_accuracy_worst:.4f}",
+            f"{last.headline:.4f}",
+            f"{last.worst_peer:.4f}",
             f"{last.consensus_distance:.3g}",
         ]
         if diverged:

@@ -3,7 +3,9 @@
 :func:`plot` (and :func:`draw_runs`, which returns the figure unsaved) draws, for a mapping
 ``name -> records``, one panel each of: test accuracy against simulated time, test accuracy
 against bytes sent, consensus distance against time and, for two runs or more, the simulated
-time each run took to reach a common accuracy target. The rules that keep them truthful:
+time each run took to reach a common accuracy target. For a language model's runs the
+headline is validation bits per byte instead of accuracy (lower is better; the target is the
+best final bits per byte over the fraction), and accuracy is not drawn. The rules that keep them truthful:
 
 - **Log or linear is chosen from the data** (:func:`choose_scale`): a time or byte axis is
   logarithmic when the runs' extents differ by :data:`LOG_SPAN` or more (on a linear axis the
@@ -49,6 +51,7 @@ TARGET_FRACTION = 0.9
 """The time-to-target panel's target: this fraction of the best final accuracy of the runs."""
 
 ACCURACY_LABEL = "test accuracy\n(honest peers' average model)"
+BITS_PER_BYTE_LABEL = "validation bits per byte\n(honest peers' average model)"
 DISTANCE_LABEL = r"consensus distance $\frac{1}{m}\sum_i \Vert x_i - \bar{x} \Vert^2$"
 
 
@@ -145,6 +148,19 @@ def axis_limits(
     return (0.0 if starts_at_zero else low - width * room), high + width * room
 
 
+# --- the headline metric -------------------------------------------------------------------
+
+
+def _language(runs: Mapping[str, Sequence[Record]]) -> bool:
+    """Whether ``runs`` are a language model's: their headline is bits per byte (lower is
+    better), not accuracy (:attr:`sim.metrics.Record.headline`)."""
+    return any(r.test_bits_per_byte is not None for rs in runs.values() for r in rs)
+
+
+def _metric_word(language: bool) -> str:
+    return "bits per byte" if language else "accuracy"
+
+
 # --- time to target ------------------------------------------------------------------------
 
 
@@ -152,18 +168,24 @@ def target_accuracy(
     runs: Mapping[str, Sequence[Record]], fraction: float = TARGET_FRACTION
 ) -> float:
     """``fraction`` of the best final test accuracy among ``runs`` (runs whose last accuracy
-    is not finite do not count; NaN when none is)."""
+    is not finite do not count; NaN when none is). For a language model's runs, whose
+    headline is bits per byte (lower is better), the best final bits per byte divided by
+    ``fraction``."""
     if not 0.0 < fraction <= 1.0:
         raise FigureError(f"fraction: must lie in (0, 1], got {fraction!r}")
-    finals = _finite(records[-1].test_accuracy for records in runs.values() if records)
-    return fraction * max(finals) if finals else math.nan
+    finals = _finite(records[-1].headline for records in runs.values() if records)
+    if not finals:
+        return math.nan
+    return min(finals) / fraction if _language(runs) else fraction * max(finals)
 
 
 def time_to_target(records: Sequence[Record], target: float) -> float | None:
-    """Simulated time of the first evaluation whose test accuracy is >= ``target``; ``None``
-    when the run never reached it."""
+    """Simulated time of the first evaluation whose test accuracy is >= ``target`` (bits per
+    byte <= ``target``, for a language model); ``None`` when the run never reached it."""
     for record in records:
-        if record.test_accuracy >= target:
+        if record.test_bits_per_byte is None and record.test_accuracy >= target:
+            return float(record.time)
+        if record.test_bits_per_byte is not None and record.test_bits_per_byte <= target:
             return float(record.time)
     return None
 
@@ -299,7 +321,11 @@ def draw_time_to_target(
     label = "simulated time to reach the target (s)"
     axis.set_xlabel(f"{label} (log scale)" if scale == "log" else label)
     shown = "never reached by any run" if math.isnan(target) else f"{target:.3f}"
-    axis.set_title(f"time to {fraction:.0%} of the best final accuracy: {shown}", fontsize=10)
+    if _language(runs):
+        title = f"time to the best final bits per byte / {fraction:.2g}: {shown}"
+    else:
+        title = f"time to {fraction:.0%} of the best final accuracy: {shown}"
+    axis.set_title(title, fontsize=10)
     axis.grid(axis="x", alpha=0.3)
 
 
@@ -328,6 +354,8 @@ def draw_runs(
         raise FigureError(f"target_fraction: must lie in (0, 1], got {target_fraction!r}")
 
     several = len(runs) >= 2
+    language = _language(runs)
+    word = _metric_word(language)
     figure = Figure(figsize=(13, 9) if several else (16, 5), layout="constrained")
     grid = figure.subplots(2, 2) if several else figure.subplots(1, 3)[None, :]
     accuracy_time, accuracy_bytes = grid[0, 0], grid[0, 1]
@@ -344,7 +372,7 @@ def draw_runs(
     labels: list[str] = []
     for (name, records), colour in zip(runs.items(), colours):
         time = [r.time for r in records]
-        accuracy = [r.test_accuracy for r in records]
+        accuracy = [r.headline for r in records]
         distance = [r.consensus_distance for r in records]
         style: dict[str, Any] = {
             "color": colour,
@@ -359,7 +387,7 @@ def draw_runs(
         notes = []
         bad_accuracy = sum(not math.isfinite(a) for a in accuracy)
         if bad_accuracy:
-            notes.append(f"accuracy not finite at {bad_accuracy} of {len(records)}, not drawn")
+            notes.append(f"{word} not finite at {bad_accuracy} of {len(records)}, not drawn")
         on_axis = [d for t, d in zip(time, distance) if time_scale == "linear" or t > 0.0]
         zeros = sum(d <= 0.0 for d in on_axis) if distance_scale == "log" else 0
         if zeros and zeros == len(on_axis):
@@ -379,7 +407,7 @@ def draw_runs(
     shown = [r.consensus_distance for r in every if time_scale == "linear" or r.time > 0.0]
     _set_axis(distance_time, "y", distance_scale, shown, DISTANCE_LABEL)
     for axis in (accuracy_time, accuracy_bytes):
-        axis.set_ylabel(ACCURACY_LABEL)
+        axis.set_ylabel(BITS_PER_BYTE_LABEL if language else ACCURACY_LABEL)
     for axis in (accuracy_time, accuracy_bytes, distance_time):
         axis.grid(alpha=0.3)
 
@@ -393,7 +421,7 @@ def draw_runs(
         if any(scale == "log" and getattr(r, field) <= 0.0 for _, scale, field in off_axes)
     ]
     if hidden:
-        starts = {r.test_accuracy for r in hidden}
+        starts = {r.headline for r in hidden}
         where = " and ".join(off)
         if len(starts) == 1 and math.isfinite(start := next(iter(starts))):
             line: dict[str, Any] = {"color": "0.45", "ls": ":", "lw": 1.2}
@@ -402,7 +430,7 @@ def draw_runs(
             if bytes_scale == "log":
                 accuracy_bytes.axhline(start, **line)
             handles.append(Line2D([], [], **line))
-            labels.append(f"initial model ({where}: off the log axis), accuracy {start:.3f}")
+            labels.append(f"initial model ({where}: off the log axis), {word} {start:.3f}")
         else:
             handles.append(Line2D([], [], color="none"))
             labels.append(f"{len(hidden)} evaluations at {where} are off the log axis, not drawn")

@@ -19,11 +19,13 @@ members never count, as in every other metric), at each evaluation:
 The keys are flat column names (``/`` separates group, metric and other group), so a record
 stays one row per evaluation in JSON lines and CSV; :func:`sim.metrics.group_rows` splits them
 into a long table. Every model is evaluated in one pass over the test set (class-wise correct
-counts of all group averages and members at once).
+counts of all group averages and members at once). For a language model the accuracies are
+next-token (next-byte) accuracies over every position.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -47,12 +49,15 @@ def class_correct(
     batch_size: int = 4096,
 ) -> Tensor:
     """``[m, num_classes]`` float64: how many test samples of each class every model of
-    ``models [m, d]`` gets right (one vmap over the models per chunk of samples)."""
+    ``models [m, d]`` gets right (one vmap over the models per chunk of ``batch_size``
+    targets). A language model's targets ``y [N, L]`` count per position: how many next
+    tokens of each value every model predicts right."""
     counts = torch.zeros(models.shape[0], num_classes, dtype=torch.float64, device=models.device)
-    for start in range(0, x.shape[0], batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        right = (peers.logits(xb, models).argmax(dim=-1) == yb).double()  # [m, B]
-        counts.index_add_(1, yb, right)
+    rows = max(batch_size // max(math.prod(y.shape[1:]), 1), 1)
+    for start in range(0, x.shape[0], rows):
+        xb, yb = x[start : start + rows], y[start : start + rows]
+        right = (peers.logits(xb, models).argmax(dim=-1) == yb).double().flatten(1)  # [m, B]
+        counts.index_add_(1, yb.flatten(), right)
     return counts
 
 
@@ -122,7 +127,7 @@ class GroupMetrics:
         correct = class_correct(
             peers, x, y, evaluated, self.num_classes, batch_size=self.batch_size
         ).cpu()
-        per_class = torch.bincount(y.cpu(), minlength=self.num_classes).double()
+        per_class = torch.bincount(y.cpu().flatten(), minlength=self.num_classes).double()
         total = max(float(per_class.sum()), 1.0)
         accuracy = correct.sum(dim=1) / total
         out: dict[str, float] = {}

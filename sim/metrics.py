@@ -5,6 +5,11 @@ All model metrics are over the honest peers only (Byzantine peers' own models do
 - ``test_accuracy`` / ``test_loss``: of the honest peers' average model x̄ = (1/m) Σ_i x_i;
 - ``peer_accuracy_mean`` / ``peer_accuracy_worst``: each honest peer's own model, evaluated
   together in one ``vmap`` (a seeded subset when there are more than ``peer_limit``);
+- a language model's records (:data:`LANGUAGE_MODEL_COLUMNS`) also have
+  ``test_bits_per_byte`` (``test_loss / ln 2``, the average model's validation bits per byte)
+  and ``peer_bits_per_byte_mean`` / ``peer_bits_per_byte_worst`` (the peers' own models; worst
+  is highest); for them ``test_loss`` is the validation loss per byte in nats and the
+  accuracies are next-byte top-1 accuracies;
 - ``consensus_distance``: (1/m) Σ_i ‖x_i − x̄‖², how far the peers are from agreeing;
 - ``time``: simulated seconds; ``bytes_total`` / ``bytes_busiest``: bytes sent by all peers
   and by the busiest one (a server counts as one busy peer);
@@ -38,6 +43,7 @@ import torch
 from torch import Tensor
 
 from sim.batched import BatchedPeers
+from workloads.task import CLASSIFICATION, LANGUAGE_MODEL, bits_per_byte, task_named
 
 if TYPE_CHECKING:
     from sim.group_metrics import GroupMetrics
@@ -64,8 +70,17 @@ class Record:
     train_loss: float
     group_metrics: Mapping[str, float] = field(default_factory=dict)
     diverged_at: int | None = None
+    test_bits_per_byte: float | None = None
+    peer_bits_per_byte_mean: float | None = None
+    peer_bits_per_byte_worst: float | None = None
 
     def __post_init__(self) -> None:
+        given = [getattr(self, name) is not None for name in LANGUAGE_MODEL_COLUMNS]
+        if any(given) and not all(given):
+            raise ValueError(
+                f"{', '.join(LANGUAGE_MODEL_COLUMNS)}: a language model's record has all "
+                "three, a classifier's none"
+            )
         if self.diverged_at is not None and (
             isinstance(self.diverged_at, bool)
             or not isinstance(self.diverged_at, int)
@@ -79,9 +94,32 @@ class Record:
                 f"(group/<name>/<metric>[/<other>]), got {stray[0]!r}"
             )
 
+    @property
+    def task(self) -> str:
+        """``"language-model"`` when the record has bits per byte, else ``"classification"``
+        (:data:`workloads.task.TASKS`)."""
+        return CLASSIFICATION if self.test_bits_per_byte is None else LANGUAGE_MODEL
+
+    @property
+    def headline(self) -> float:
+        """The task's headline metric of the average model: test accuracy of a classifier,
+        validation bits per byte of a language model."""
+        return self.test_accuracy if self.test_bits_per_byte is None else self.test_bits_per_byte
+
+    @property
+    def worst_peer(self) -> float:
+        """The headline metric of the worst honest peer's own model (lowest accuracy,
+        highest bits per byte)."""
+        if self.peer_bits_per_byte_worst is None:
+            return self.peer_accuracy_worst
+        return self.peer_bits_per_byte_worst
+
     def as_dict(self) -> dict[str, Any]:
-        """The fixed columns, then the group metrics under their own keys (one flat row)."""
+        """The fixed columns, a language model's columns (:data:`LANGUAGE_MODEL_COLUMNS`) when
+        it is one, then the group metrics under their own keys (one flat row)."""
         row = {name: getattr(self, name) for name in COLUMNS}
+        if self.test_bits_per_byte is not None:
+            row.update({name: getattr(self, name) for name in LANGUAGE_MODEL_COLUMNS})
         row.update(self.group_metrics)
         return row
 
@@ -89,7 +127,12 @@ class Record:
     def from_dict(cls, row: Mapping[str, Any]) -> Record:
         """The record :meth:`as_dict` wrote: the fixed columns, the ``group/`` keys into
         :attr:`group_metrics`; any other key is an error naming it."""
-        fixed = {key: value for key, value in row.items() if key in COLUMNS}
+        fixed = {
+            key: value
+            for key, value in row.items()
+            if key in COLUMNS
+            or (key in LANGUAGE_MODEL_COLUMNS and not _missing(value))  # blank in a mixed CSV
+        }
         diverged = fixed.get("diverged_at")
         if isinstance(diverged, float):  # JSON null read back as NaN, or 38.0 from a table
             fixed["diverged_at"] = None if math.isnan(diverged) else int(diverged)
@@ -103,16 +146,35 @@ class Record:
         return cls(**fixed, group_metrics=groups)
 
 
-COLUMNS = tuple(f.name for f in fields(Record) if f.name != "group_metrics")
+def _missing(value: Any) -> bool:
+    return value is None or value == "" or (isinstance(value, float) and math.isnan(value))
+
+
+LANGUAGE_MODEL_COLUMNS = (
+    "test_bits_per_byte",
+    "peer_bits_per_byte_mean",
+    "peer_bits_per_byte_worst",
+)
+"""The columns only a language model's records have: the average model's validation bits per
+byte (``test_loss / ln 2``), and the honest peers' own models' mean and worst (highest)."""
+
+COLUMNS = tuple(
+    f.name
+    for f in fields(Record)
+    if f.name != "group_metrics" and f.name not in LANGUAGE_MODEL_COLUMNS
+)
 """The columns every record has (the group metrics come after them, see :func:`columns`)."""
 
 
 def columns(records: Iterable[Record]) -> tuple[str, ...]:
-    """:data:`COLUMNS`, then every group-metric key of ``records`` in the order first seen."""
+    """:data:`COLUMNS`, :data:`LANGUAGE_MODEL_COLUMNS` when a record is a language model's,
+    then every group-metric key of ``records`` in the order first seen."""
     seen: dict[str, None] = {}
+    language = False
     for record in records:
+        language = language or record.test_bits_per_byte is not None
         seen.update(dict.fromkeys(record.group_metrics))
-    return COLUMNS + tuple(seen)
+    return COLUMNS + (LANGUAGE_MODEL_COLUMNS if language else ()) + tuple(seen)
 
 
 def group_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
@@ -171,10 +233,12 @@ class Evaluation:
     batch_size: int = 4096
     seed: int = 0
     groups: GroupMetrics | None = None
+    task: str = CLASSIFICATION
 
     def __post_init__(self) -> None:
         if not isinstance(self.peer_limit, int) or self.peer_limit < 1:
             raise ValueError(f"peer_limit: must be an integer >= 1, got {self.peer_limit!r}")
+        task_named(self.task)
 
     def measure_groups(
         self, peers: BatchedPeers, models: Tensor, honest: Tensor
@@ -186,13 +250,14 @@ class Evaluation:
         return self.groups.measure(peers, self.x_test, self.y_test, models, honest)
 
     def measure(self, peers: BatchedPeers, models: Tensor) -> dict[str, float]:
-        """Average-model and per-peer accuracy, loss and consensus distance of ``models [m, d]``."""
+        """Average-model and per-peer accuracy, loss and consensus distance of ``models [m, d]``;
+        for a language model also the bits per byte of :data:`LANGUAGE_MODEL_COLUMNS`."""
         average = models.mean(dim=0, keepdim=True)
         accuracy, loss = peers.evaluate(
             self.x_test, self.y_test, average, batch_size=self.batch_size
         )
         if models.shape[0] == 1:
-            per_peer = accuracy
+            per_peer, per_peer_loss = accuracy, loss
         else:
             rows = models
             if models.shape[0] > self.peer_limit:
@@ -200,14 +265,21 @@ class Evaluation:
                 pick = torch.randperm(models.shape[0], generator=generator, device="cpu")
                 pick = pick[: self.peer_limit]
                 rows = models[pick.to(models.device)]
-            per_peer, _ = peers.evaluate(self.x_test, self.y_test, rows, batch_size=self.batch_size)
-        return {
+            per_peer, per_peer_loss = peers.evaluate(
+                self.x_test, self.y_test, rows, batch_size=self.batch_size
+            )
+        measured = {
             "test_accuracy": float(accuracy[0]),
             "test_loss": float(loss[0]),
             "peer_accuracy_mean": float(per_peer.mean()),
             "peer_accuracy_worst": float(per_peer.min()),
             "consensus_distance": consensus_distance(models),
         }
+        if self.task == LANGUAGE_MODEL:
+            measured["test_bits_per_byte"] = bits_per_byte(float(loss[0]))
+            measured["peer_bits_per_byte_mean"] = bits_per_byte(float(per_peer_loss.mean()))
+            measured["peer_bits_per_byte_worst"] = bits_per_byte(float(per_peer_loss.max()))
+        return measured
 
 
 def write_jsonl(records: Iterable[Record], path: str | Path) -> None:

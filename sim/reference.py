@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from gossip.flat import ParameterLayout
 from sim.batched import LossFunction
+from workloads.task import cross_entropy
 
 
 class ReferencePeers:
@@ -41,7 +42,7 @@ class ReferencePeers:
             for model, row in zip(self.models, initial):
                 self.load(model, row)
         self.optimizers = [optimizer(list(m.parameters())) for m in self.models]
-        self.loss: LossFunction = loss if loss is not None else nn.functional.cross_entropy
+        self.loss: LossFunction = loss if loss is not None else cross_entropy
 
     def load(self, model: nn.Module, row: Tensor) -> None:
         with torch.no_grad():

@@ -132,4 +132,7 @@ def _record(
         consensus_distance=measured["consensus_distance"],
         train_loss=train_loss,
         group_metrics=evaluation.measure_groups(ctx.peers, models, ctx.honest),
+        test_bits_per_byte=measured.get("test_bits_per_byte"),
+        peer_bits_per_byte_mean=measured.get("peer_bits_per_byte_mean"),
+        peer_bits_per_byte_worst=measured.get("peer_bits_per_byte_worst"),
     )

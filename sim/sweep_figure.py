@@ -1,4 +1,5 @@
-"""A sweep's figure: the final test accuracy of every grid cell, drawn for its grid's shape.
+"""A sweep's figure: the final test accuracy of every grid cell, drawn for its grid's shape
+(for a language model's cells, the final validation bits per byte instead, lower is better).
 
 - one axis: horizontal bars, one per value, the accuracy written at each bar's end;
 - two axes: a heatmap, rows the first axis and columns the second, the accuracy written in
@@ -21,6 +22,7 @@ import itertools
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,47 @@ Cell = Sequence[Mapping[str, Any]] | str
 
 METRIC = "test_accuracy"
 METRIC_LABEL = "final test accuracy of the honest peers' average model"
+LANGUAGE_METRIC = "test_bits_per_byte"
+"""A language model's records' headline (:data:`sim.metrics.LANGUAGE_MODEL_COLUMNS`): the
+figure shows it instead of accuracy, which it never draws for a language model."""
 
 
-def final_accuracy(cell: Cell | None) -> float:
-    """The last finite test accuracy of a cell's records; NaN for a cell without one."""
+@dataclass(frozen=True)
+class _Shown:
+    """What a sweep's figure shows: the record key, its words, and the value axis's top."""
+
+    key: str
+    label: str
+    word: str
+    top: float
+
+
+def _shown(cells: Mapping[tuple[str, ...], Cell]) -> _Shown:
+    """Accuracy (0 to 1) for classifiers; bits per byte (0 to the largest value) when the
+    cells are a language model's."""
+    values = [
+        final_accuracy(cell, LANGUAGE_METRIC)
+        for cell in cells.values()
+        if not isinstance(cell, str) and cell and LANGUAGE_METRIC in cell[-1]
+    ]
+    finite = [v for v in values if math.isfinite(v)]
+    if not values:
+        return _Shown(METRIC, METRIC_LABEL, "test accuracy", 1.0)
+    return _Shown(
+        LANGUAGE_METRIC,
+        "final validation bits per byte of the honest peers' average model (lower is better)",
+        "validation bits per byte",
+        max(finite, default=8.0) * 1.05,
+    )
+
+
+def final_accuracy(cell: Cell | None, key: str = METRIC) -> float:
+    """The last finite test accuracy (or other ``key``) of a cell's records; NaN for a cell
+    without one."""
     if cell is None or isinstance(cell, str):
         return math.nan
     for record in reversed(cell):
-        value = record.get(METRIC)
+        value = record.get(key)
         if isinstance(value, int | float) and math.isfinite(value):
             return float(value)
     return math.nan
@@ -108,7 +143,8 @@ def _title(figure: Any, title: str, width_inches: float, second: str) -> None:
 
 
 def _bars(plt: Any, name: str, labels: Sequence[str], cells: Mapping, title: str) -> Any:
-    values = [final_accuracy(cells.get((label,))) for label in labels]
+    shown = _shown(cells)
+    values = [final_accuracy(cells.get((label,)), shown.key) for label in labels]
     width = 7.0 + 0.07 * _longest(labels)
     height = 1.6 + 0.45 * len(labels)
     figure, axis = plt.subplots(figsize=(width, height), layout="constrained")
@@ -118,15 +154,15 @@ def _bars(plt: Any, name: str, labels: Sequence[str], cells: Mapping, title: str
     for position, value, label in zip(positions, values, labels):
         if math.isnan(value):
             text, x, align, colour = _why(cells.get((label,))), 0.01, "left", "#555555"
-        elif value > 0.85:
-            text, x, align, colour = f"{value:.3f}", value - 0.01, "right", "white"
+        elif value > 0.85 * shown.top:
+            text, x, align, colour = f"{value:.3f}", value - 0.01 * shown.top, "right", "white"
         else:
-            text, x, align, colour = f"{value:.3f}", value + 0.01, "left", "black"
+            text, x, align, colour = f"{value:.3f}", value + 0.01 * shown.top, "left", "black"
         axis.text(x, position, text, va="center", ha=align, color=colour, fontsize=10)
     axis.set_yticks(positions, labels=labels)
     axis.invert_yaxis()  # the first value on top, as written on the command line
-    axis.set_xlim(0.0, 1.0)
-    axis.set_xlabel(METRIC_LABEL)
+    axis.set_xlim(0.0, shown.top)
+    axis.set_xlabel(shown.label)
     axis.set_ylabel(name)
     axis.grid(axis="x", alpha=0.3)
     _title(figure, title, width, "")
@@ -139,17 +175,22 @@ def _heatmap(
     import numpy as np
 
     rows, columns = labels
+    shown = _shown(cells)
     matrix = np.array(
-        [[final_accuracy(cells.get((row, column))) for column in columns] for row in rows]
+        [
+            [final_accuracy(cells.get((row, column)), shown.key) for column in columns]
+            for row in rows
+        ]
     )
     rotate = _longest(columns) > 6
     width = 2.6 + 0.08 * _longest(rows) + max(1.0, 0.075 * _longest(columns)) * len(columns)
     width = max(width, 6.0)
     height = 2.2 + 0.55 * len(rows) + (0.06 * _longest(columns) if rotate else 0.0)
     figure, axis = plt.subplots(figsize=(width, height), layout="constrained")
-    colours = plt.get_cmap("viridis").with_extremes(bad="#e4e4e4")
+    language = shown.key == LANGUAGE_METRIC  # lower is better: the scale reversed
+    colours = plt.get_cmap("viridis_r" if language else "viridis").with_extremes(bad="#e4e4e4")
     image = axis.imshow(
-        np.ma.masked_invalid(matrix), cmap=colours, vmin=0.0, vmax=1.0, aspect="auto"
+        np.ma.masked_invalid(matrix), cmap=colours, vmin=0.0, vmax=shown.top, aspect="auto"
     )
     size = 10 if len(columns) <= 8 else 8
     for i, row in enumerate(rows):
@@ -158,7 +199,7 @@ def _heatmap(
             if math.isnan(value):
                 text, colour = _why(cells.get((row, column))), "#555555"
             else:
-                text, colour = f"{value:.3f}", _readable_on(colours(value))
+                text, colour = f"{value:.3f}", _readable_on(colours(value / shown.top))
             axis.text(j, i, text, ha="center", va="center", color=colour, fontsize=size)
     axis.set_xticks(range(len(columns)), labels=columns)
     if rotate:
@@ -167,8 +208,8 @@ def _heatmap(
     axis.set_xlabel(names[1])
     axis.set_ylabel(names[0])
     bar = figure.colorbar(image, ax=axis, fraction=0.05, pad=0.02)
-    bar.set_label("final test accuracy (0 to 1)")
-    _title(figure, title, width, METRIC_LABEL)
+    bar.set_label(f"final {shown.word}" if language else "final test accuracy (0 to 1)")
+    _title(figure, title, width, shown.label)
     return figure
 
 
@@ -187,18 +228,20 @@ def _small_multiples(
         rows, columns, figsize=(width, height), squeeze=False, sharey=True, layout="constrained"
     )
     colours = plt.get_cmap("tab10")
+    shown = _shown(cells)
+    key = shown.key
     for index, panel in enumerate(panels):
         axis = axes[index // columns][index % columns]
         missing = []
         for position, line in enumerate(lines):
             cell = cells.get((*panel, line))
-            if cell is None or isinstance(cell, str) or math.isnan(final_accuracy(cell)):
+            if cell is None or isinstance(cell, str) or math.isnan(final_accuracy(cell, key)):
                 missing.append(f"{line} ({_why(cell)})")
                 continue
             points = [
-                (r["round"], r[METRIC])
+                (r["round"], r[key])
                 for r in cell
-                if isinstance(r.get(METRIC), int | float) and math.isfinite(r[METRIC])
+                if isinstance(r.get(key), int | float) and math.isfinite(r[key])
             ]
             axis.plot(
                 [p[0] for p in points],
@@ -220,12 +263,12 @@ def _small_multiples(
             )
         header = ", ".join(f"{n}={v}" for n, v in zip(names[:-1], panel))
         axis.set_title(textwrap.fill(header, 45), fontsize=9)
-        axis.set_ylim(0.0, 1.0)
+        axis.set_ylim(0.0, shown.top)
         axis.grid(alpha=0.3)
         if index // columns == rows - 1 or index + columns >= count:
             axis.set_xlabel("round")
         if index % columns == 0:
-            axis.set_ylabel("test accuracy")
+            axis.set_ylabel(shown.word)
     for index in range(count, rows * columns):
         axes[index // columns][index % columns].set_visible(False)
     handles = [
@@ -233,5 +276,5 @@ def _small_multiples(
         for position, line in enumerate(lines)
     ]
     figure.legend(handles=handles, title=names[-1], loc="outside right upper", fontsize=9)
-    _title(figure, title, width, "test accuracy of the honest peers' average model against rounds")
+    _title(figure, title, width, f"{shown.word} of the honest peers' average model against rounds")
     return figure

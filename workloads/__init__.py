@@ -4,7 +4,9 @@ Both runners use this package: the simulator draws ``[n, B, ...]`` batches for
 all peers at once (:class:`StackedBatchSampler`), a networked peer iterates its
 own (:func:`peer_batches`), and the two see the same samples for the same seed. Both
 keep generated data sets in :func:`default_cache_dir`; :func:`train_centralized` is the
-one-model reference a swarm is compared with. Your own model or data set code comes in as
+one-model reference a swarm is compared with. A language model (``text`` data set, ``gpt``
+model) is scored by validation loss and bits per byte, a classifier by accuracy
+(:mod:`workloads.task`); :func:`generate` continues a prompt with a trained model. Your own model or data set code comes in as
 ``MODULE:FACTORY`` (:mod:`workloads.user_code`), an ``.npz`` file as ``FILE.npz``.
 
     >>> from workloads import load_dataset, partition, build_model, StackedBatchSampler
@@ -38,6 +40,7 @@ from workloads.datasets import (
 )
 from workloads.device import resolve_device
 from workloads.formats import DataFileError, UnsafePickleError, read_idx
+from workloads.gpt import GPT, generate
 from workloads.models import (
     MODELS,
     NotBatchableError,
@@ -57,13 +60,17 @@ from workloads.partition import (
     partition,
     shards,
 )
+from workloads.task import TASKS, Task, bits_per_byte, cross_entropy, evaluate, metrics
+from workloads.text import text
 from workloads.user_code import UserCodeError
 
 __all__ = [
     "DATASETS",
     "DEFAULT_DATASET",
+    "GPT",
     "MODELS",
     "PARTITIONS",
+    "TASKS",
     "CentralizedResult",
     "DataFileError",
     "Dataset",
@@ -72,20 +79,26 @@ __all__ = [
     "Param",
     "PeerBatchSampler",
     "StackedBatchSampler",
+    "Task",
     "UnsafePickleError",
     "UserCodeError",
+    "bits_per_byte",
     "build_model",
     "check_batchable",
     "check_dataset_spec",
     "check_model_spec",
     "check_partition_spec",
+    "cross_entropy",
     "default_cache_dir",
     "dirichlet",
+    "evaluate",
     "feistel_permutation",
+    "generate",
     "iid",
     "label_histogram",
     "layer_chain",
     "load_dataset",
+    "metrics",
     "parameter_count",
     "partition",
     "peer_batches",
@@ -94,5 +107,6 @@ __all__ = [
     "resolve_device",
     "shards",
     "splitmix64",
+    "text",
     "train_centralized",
 ]

@@ -18,18 +18,21 @@ from torch import nn
 
 from workloads.batching import peer_batches
 from workloads.datasets import Dataset
+from workloads.task import CLASSIFICATION, cross_entropy, evaluate
 
 
 @dataclass
 class CentralizedResult:
     """What the centralized reference reached: test ``accuracy`` and mean test ``loss`` after
-    ``samples`` training samples; ``error`` says why there is no result (then the others are
-    None and 0)."""
+    ``samples`` training samples, and for a language model ``bits_per_byte`` (else None;
+    its accuracy is next-token top-1); ``error`` says why there is no result (then the others
+    are None and 0)."""
 
     accuracy: float | None = None
     loss: float | None = None
     samples: int = 0
     error: str | None = None
+    bits_per_byte: float | None = None
 
 
 def train_centralized(
@@ -49,7 +52,8 @@ def train_centralized(
     ``steps`` steps of SGD (``lr``, ``momentum``) on cross entropy, each on ``batch_size``
     samples drawn by :func:`workloads.peer_batches` over every training index with ``seed``
     and ``stream`` (its ``peer``: the launcher passes N, a stream none of peers 0..N-1
-    draws), then accuracy and mean cross entropy on the test set. Setting ``stop`` ends the
+    draws), then the task's metrics on the test set (:func:`workloads.task.evaluate`: accuracy
+    and mean cross entropy, and bits per byte for a language model). Setting ``stop`` ends the
     run early: the result's ``error`` then says ``"stopped before the end"``.
 
     Example::
@@ -73,11 +77,14 @@ def train_centralized(
         if stop is not None and stop.is_set():
             return CentralizedResult(error="stopped before the end")
         optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        cross_entropy(model(x), y).backward()
         optimizer.step()
+    chunk = len(data.y_test) if data.task == CLASSIFICATION else 32  # logits [32, L, V]
+    scores = evaluate(model, data.x_test, data.y_test, data.task, batch_size=chunk)
     model.eval()
-    with torch.no_grad():
-        output = model(data.x_test)
-        loss = float(nn.functional.cross_entropy(output, data.y_test))
-        accuracy = float((output.argmax(-1) == data.y_test).float().mean())
-    return CentralizedResult(accuracy=accuracy, loss=loss, samples=steps * batch_size)
+    return CentralizedResult(
+        accuracy=scores["accuracy"],
+        loss=scores["loss"],
+        samples=steps * batch_size,
+        bits_per_byte=scores.get("bits_per_byte"),
+    )

@@ -88,12 +88,16 @@ def main(argv: Sequence[str], prog: str = "gossipnet workloads") -> int:
     except ValueError as error:
         parser.error(f"--model: {error}")
     sizes = [len(p) for p in parts]
-    classes = (label_histogram(data.y_train, parts, data.num_classes) > 0).sum(1).float()
+    if data.task == "language-model":  # next tokens are no class labels: count the tokens
+        length = data.input_shape[0]
+        spread = f"{length} tokens each, vocabulary {data.num_classes}"
+    else:
+        classes = (label_histogram(data.y_train, parts, data.num_classes) > 0).sum(1).float()
+        spread = f"classes per peer mean {float(classes.mean()):.2f} of {data.num_classes}"
     print(f"dataset    {data!r}")
     print(
         f"partition  {args.partition} over {args.peers} peers: samples per peer "
-        f"min {min(sizes)} mean {sum(sizes) / len(sizes):.1f} max {max(sizes)}; "
-        f"classes per peer mean {float(classes.mean()):.2f} of {data.num_classes}"
+        f"min {min(sizes)} mean {sum(sizes) / len(sizes):.1f} max {max(sizes)}; {spread}"
     )
     print(f"model      {args.model}: {parameter_count(model):,} parameters")
     return 0

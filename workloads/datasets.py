@@ -50,6 +50,7 @@ from workloads.formats import (
     read_idx,
     read_npz_arrays,
 )
+from workloads.task import CLASSIFICATION, LANGUAGE_MODEL, TASKS
 from workloads.user_code import CodeSpec, UserCodeError, call_factory, load_factory, parse_code_spec
 
 __all__ = [
@@ -71,11 +72,16 @@ DEFAULT_DATASET = "mnist1d"
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A classification data set held in memory as tensors.
+    """A data set held in memory as tensors, for one :data:`~workloads.task.TASKS` task.
 
-    ``x_*`` are float32 ``[N, *input_shape]``, ``y_*`` int64 ``[N]`` with labels
-    in ``0 .. num_classes - 1``. Construction validates all of it and raises
-    ``ValueError`` naming the field.
+    ``task="classification"`` (the default): ``x_*`` float32 ``[N, *input_shape]``, ``y_*``
+    int64 ``[N]`` with labels in ``0 .. num_classes - 1``.
+
+    ``task="language-model"``: ``x_*`` int64 token contexts ``[N, L]`` (``input_shape ==
+    (L,)``), ``y_*`` int64 ``[N, L]`` the next tokens, every token in ``0 .. num_classes -
+    1``: for a language model ``num_classes`` is the vocabulary size (256 for bytes).
+
+    Construction validates all of it and raises ``ValueError`` naming the field.
     """
 
     name: str
@@ -85,17 +91,23 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     input_shape: tuple[int, ...]
+    task: str = CLASSIFICATION
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_classes, int) or self.num_classes < 2:
             raise ValueError(f"Dataset.num_classes must be an int >= 2, got {self.num_classes!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"Dataset.task: got {self.task!r}; allowed: {', '.join(TASKS)}")
         object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
+        language = self.task == LANGUAGE_MODEL
         for split in ("train", "test"):
             x: torch.Tensor = getattr(self, f"x_{split}")
             y: torch.Tensor = getattr(self, f"y_{split}")
-            if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+            if language:
+                _check_tokens(split, x, y, self.num_classes)
+            elif not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
                 raise ValueError(f"Dataset.x_{split} must be a float32 tensor, got {_describe(x)}")
-            if not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.ndim != 1:
+            elif not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.ndim != 1:
                 raise ValueError(
                     f"Dataset.y_{split} must be a 1-D int64 tensor, got {_describe(y)}"
                 )
@@ -135,9 +147,10 @@ class Dataset:
         )
 
     def __repr__(self) -> str:
+        task = "" if self.task == CLASSIFICATION else f", task={self.task!r}"
         return (
             f"Dataset(name={self.name!r}, train={self.num_train}, test={self.num_test}, "
-            f"input_shape={self.input_shape}, num_classes={self.num_classes})"
+            f"input_shape={self.input_shape}, num_classes={self.num_classes}{task})"
         )
 
 
@@ -145,6 +158,26 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"{value.dtype} tensor of shape {tuple(value.shape)}"
     return type(value).__name__
+
+
+def _check_tokens(split: str, x: Any, y: Any, vocabulary: int) -> None:
+    """A language model's split: int64 contexts ``x [N, L]`` and next tokens ``y [N, L]``."""
+    for key, value in ((f"x_{split}", x), (f"y_{split}", y)):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.ndim != 2:
+            raise ValueError(
+                f"Dataset.{key} of a language model must be a 2-D int64 tensor [N, L] of "
+                f"tokens, got {_describe(value)}"
+            )
+    if x.shape != y.shape:
+        raise ValueError(
+            f"Dataset.y_{split} (next tokens) has shape {tuple(y.shape)}, x_{split} has "
+            f"{tuple(x.shape)}; they must be equal"
+        )
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocabulary):
+        raise ValueError(
+            f"Dataset.x_{split} tokens must lie in 0..{vocabulary - 1} (num_classes is the "
+            f"vocabulary size), found {int(x.min())}..{int(x.max())}"
+        )
 
 
 def _from_numpy(
@@ -163,6 +196,31 @@ def _from_numpy(
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         num_classes=num_classes,
         input_shape=tuple(x_train.shape[1:]),
+    )
+
+
+def _tokens_from_numpy(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    vocabulary: int,
+) -> Dataset:
+    """A language model's :class:`Dataset` from integer contexts and next tokens ``[N, L]``."""
+
+    def tokens(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+
+    return Dataset(
+        name=name,
+        x_train=tokens(x_train),
+        y_train=tokens(y_train),
+        x_test=tokens(x_test),
+        y_test=tokens(y_test),
+        num_classes=vocabulary,
+        input_shape=tuple(x_train.shape[1:]),
+        task=LANGUAGE_MODEL,
     )
 
 
@@ -324,8 +382,11 @@ def npz(
     seeded random ``test_fraction`` (default 0.2) of the samples is held out for testing,
     the same for every peer that loads the file with the same ``seed`` (default 0,
     independent of a run's seed so that every peer of a swarm holds out the same samples).
-    ``x`` numeric ``[N, ...]`` (cast to float32), ``y`` integer ``[N]``. ``num_classes``
-    defaults to the largest label + 1; when given, every label must be below it.
+    ``x`` numeric ``[N, ...]`` (cast to float32), ``y`` integer ``[N]``: a classifier's data.
+    ``x`` integer ``[N, L]`` and ``y`` integer ``[N, L]`` (the next token of each position) is
+    a language model's (``task="language-model"``), ``num_classes`` then the vocabulary size.
+    ``num_classes`` defaults to the largest label (token) + 1; when given, every label
+    (token) must be below it.
     """
     return _from_arrays("npz", read_npz_arrays(path), path, num_classes, test_fraction, seed)
 
@@ -365,14 +426,22 @@ def _from_arrays(
             "x_test": arrays["x"][test],
             "y_test": arrays["y"][test],
         }
-    largest = max(int(arrays["y"].max()), int(arrays["y_test"].max(initial=0)))
+    language = arrays["y"].ndim == 2
+    keys = ("x", "y", "x_test", "y_test") if language else ("y", "y_test")
+    tops = {key: int(arrays[key].max(initial=0)) for key in keys}
+    largest = max(tops.values())
     if num_classes is None:
         num_classes = max(largest + 1, 2)
     elif largest >= num_classes:
-        key = "y" if int(arrays["y"].max()) == largest else "y_test"
+        key = next(key for key, top in tops.items() if top == largest)
+        what = "token" if language else "label"
         raise DataFileError(
-            f"{source}: key {key!r} holds label {largest}, outside 0..{num_classes - 1} "
+            f"{source}: key {key!r} holds {what} {largest}, outside 0..{num_classes - 1} "
             f"(num_classes={num_classes})"
+        )
+    if language:
+        return _tokens_from_numpy(
+            name, arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], num_classes
         )
     return _from_numpy(
         name, arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"], num_classes
@@ -600,5 +669,7 @@ def check_dataset_spec(spec: str) -> None:
     path = config.params.get("path")
     if path is not None and config.name == "npz" and not Path(path).is_file():
         raise DataFileError(f"{path}: no such file; allowed: an existing .npz file")
-    if path is not None and config.name != "npz" and not Path(path).is_dir():
+    if path is not None and config.name == "text" and not Path(path).exists():
+        raise DataFileError(f"text: path {path} is neither a file nor a folder")
+    if path is not None and config.name not in ("npz", "text") and not Path(path).is_dir():
         raise DataFileError(f"{config.name}: path {path} is not a folder")

@@ -288,7 +288,9 @@ def check_arrays(
 ) -> dict[str, np.ndarray]:
     """The arrays of one data set under the keys ``x, y`` (and ``x_test, y_test`` when given),
     checked: ``x``/``x_test`` numeric with at least 2 dimensions and equal per-sample shapes,
-    ``y``/``y_test`` 1-D integer, non-negative, one per sample, ``x`` not empty; no object
+    ``y``/``y_test`` integer and non-negative, either 1-D labels ``[N]`` (classification) or
+    next tokens ``[N, L]`` of ``x``'s shape (a language model: ``x`` integer tokens too), one
+    per sample, ``x`` not empty; no object
     arrays. ``x_train``/``y_train`` are accepted for ``x``/``y``. ``source`` names the file
     (or factory) in errors; ``found`` lists every key it had."""
     for train, short in _TRAIN_NAMES.items():
@@ -320,14 +322,29 @@ def check_arrays(
                 f"with at least 2 dimensions, got dtype {arrays[key].dtype} shape "
                 f"{arrays[key].shape}"
             )
-    for key in ("y", "y_test")[: len(wanted) // 2]:
-        if arrays[key].dtype.kind not in "iu" or arrays[key].ndim != 1:
+    for x_key, key in (("x", "y"), ("x_test", "y_test"))[: len(wanted) // 2]:
+        target, inputs = arrays[key], arrays[x_key]
+        language = target.ndim == 2 and target.shape == inputs.shape
+        if target.dtype.kind not in "iu" or not (target.ndim == 1 or language):
             raise DataFileError(
-                f"{source}: key {key!r} must be a 1-D integer label array, got dtype "
-                f"{arrays[key].dtype} shape {arrays[key].shape}"
+                f"{source}: key {key!r} must be integer, either 1-D labels [N] "
+                f"(classification) or next tokens [N, L] of {x_key!r}'s shape (a language "
+                f"model), got dtype {target.dtype} shape {target.shape}"
             )
-        if arrays[key].size and arrays[key].min() < 0:
-            raise DataFileError(f"{source}: key {key!r} holds a negative label {arrays[key].min()}")
+        if language and inputs.dtype.kind not in "iu":
+            raise DataFileError(
+                f"{source}: key {x_key!r} must hold integer tokens when {key!r} holds next "
+                f"tokens [N, L], got dtype {inputs.dtype}"
+            )
+        if target.size and target.min() < 0:
+            raise DataFileError(f"{source}: key {key!r} holds a negative label {target.min()}")
+        if language and inputs.size and inputs.min() < 0:
+            raise DataFileError(f"{source}: key {x_key!r} holds a negative token {inputs.min()}")
+    if len(wanted) == 4 and (arrays["y"].ndim == 1) != (arrays["y_test"].ndim == 1):
+        raise DataFileError(
+            f"{source}: key 'y_test' has shape {arrays['y_test'].shape} but 'y' has "
+            f"{arrays['y'].shape}; both 1-D labels (classification) or both next tokens [N, L]"
+        )
     for x_key, y_key in (("x", "y"), ("x_test", "y_test"))[: len(wanted) // 2]:
         if len(arrays[x_key]) != len(arrays[y_key]):
             raise DataFileError(

@@ -412,6 +412,7 @@ def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> N
             peer=entry["id"],
             accuracy=entry["test_accuracy"],
             test_loss=entry.get("test_loss"),
+            **_bits(entry),
         )
     centralized = results["centralized"]
     if centralized.get("test_accuracy") is not None:
@@ -420,7 +421,15 @@ def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> N
             peer="centralized",
             accuracy=centralized["test_accuracy"],
             test_loss=centralized.get("test_loss"),
+            **_bits(centralized),
         )
+
+
+def _bits(entry: dict[str, Any]) -> dict[str, float]:
+    """A language model's ``test_bits_per_byte`` for the logbook (TensorBoard and MLflow);
+    nothing for a classifier."""
+    value = entry.get("test_bits_per_byte")
+    return {} if value is None else {"test_bits_per_byte": float(value)}
 
 
 def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, str | None]:

@@ -1,5 +1,10 @@
 """The end of a swarm run: every peer's test accuracy beside the centralized reference.
 
+A language model's run (``--dataset text``) shows validation bits per byte instead (lower is
+better; the gap to the centralized run in bits per byte), and its ``--json`` line adds
+``test_bits_per_byte`` to each peer and to the centralized reference, and
+``mean_test_bits_per_byte``.
+
 :func:`collect_results` gathers what each peer wrote with ``gossipnet peer --eval-out`` and
 the centralized run (:func:`workloads.train_centralized`) into one dictionary, the line
 ``--json`` prints; :func:`print_results` draws it as the final table. Both tell the truth
@@ -39,6 +44,8 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
             report = json.loads(text)
             entry.update(step=report["step"], test_accuracy=report["test_accuracy"])
             entry["test_loss"] = report["test_loss"]
+            if "test_bits_per_byte" in report:  # a language model's
+                entry["test_bits_per_byte"] = report["test_bits_per_byte"]
             for key in ("exchanges_ok", "exchanges_failed", "isolated", "byzantine"):
                 entry[key] = report.get(key)
         else:
@@ -58,15 +65,26 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
         if p.get("test_accuracy") is not None and not p.get("byzantine")
     ]  # a regression model has no accuracy (None): it is left out, not counted as 0
     reached = [p["step"] for p in peers if p.get("step") is not None]
+    reference: dict[str, Any] = {
+        "test_accuracy": centralized.accuracy,
+        "test_loss": centralized.loss,
+        "samples": centralized.samples,
+        "error": centralized.error,
+    }
+    language: dict[str, Any] = {}
+    bits = [
+        p["test_bits_per_byte"]
+        for p in peers
+        if p.get("test_bits_per_byte") is not None and not p.get("byzantine")
+    ]
+    if bits or centralized.bits_per_byte is not None:  # a language model's run
+        reference["test_bits_per_byte"] = centralized.bits_per_byte
+        language["mean_test_bits_per_byte"] = sum(bits) / len(bits) if bits else None
     return {
         "peers": peers,
-        "centralized": {
-            "test_accuracy": centralized.accuracy,
-            "test_loss": centralized.loss,
-            "samples": centralized.samples,
-            "error": centralized.error,
-        },
+        "centralized": reference,
         "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
+        **language,
         "steps": steps,
         "all_reached_steps": bool(peers) and len(reached) == len(peers)
         and min(reached) >= steps,
@@ -83,10 +101,17 @@ def title(results: dict[str, Any], args: argparse.Namespace) -> str:
     if not reached:
         return f"no peer reported a step (of {steps} steps {batch})"
     low, high = min(reached), max(reached)
+    metric = "validation bits per byte" if _language(results) else "test accuracy"
     if low >= steps and len(reached) == len(results["peers"]):
-        return f"test accuracy after {steps} steps {batch}"
+        return f"{metric} after {steps} steps {batch}"
     span = str(low) if low == high else f"{low}-{high}"
-    return f"test accuracy after {span} of {steps} steps {batch} (stopped early)"
+    return f"{metric} after {span} of {steps} steps {batch} (stopped early)"
+
+
+def _language(results: dict[str, Any]) -> bool:
+    """Whether the run trained a language model: its headline is bits per byte (lower is
+    better), not accuracy (:mod:`workloads.task`)."""
+    return "mean_test_bits_per_byte" in results
 
 
 def _count(value: object) -> str:
@@ -103,12 +128,15 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    reference = results["centralized"]["test_accuracy"]
+    language = _language(results)
+    key = "test_bits_per_byte" if language else "test_accuracy"
+    reference = results["centralized"][key]
     table = Table(title=title(results, args))
-    for column in ("", "step", "test accuracy", "vs centralized", "exchanges ok", "failed"):
+    metric = "val. bits/byte" if language else "test accuracy"
+    for column in ("", "step", metric, "vs centralized", "exchanges ok", "failed"):
         table.add_column(column, justify="left" if not column else "right")
     for entry in results["peers"]:
-        accuracy = entry.get("test_accuracy")
+        accuracy = entry.get(key)
         if accuracy is None and "test_loss" in entry:  # evaluated, but not a classifier
             loss = entry["test_loss"]
             table.add_row(
@@ -125,13 +153,18 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
             step = "-" if entry.get("step") is None else str(entry["step"])
             table.add_row(entry["id"], step, why, "-", "-", "-")
             continue
-        diff = "-" if reference is None else f"{100 * (accuracy - reference):+.1f} pts"
+        if reference is None:
+            diff = "-"
+        elif language:
+            diff = f"{accuracy - reference:+.3f}"
+        else:
+            diff = f"{100 * (accuracy - reference):+.1f} pts"
         isolated = bool(entry.get("isolated"))
         byzantine = f" (byzantine: {entry['byzantine']})" if entry.get("byzantine") else ""
         table.add_row(
             entry["id"] + byzantine + (" ISOLATED" if isolated else ""),
             str(entry["step"]),
-            f"{100 * accuracy:.1f}%",
+            f"{accuracy:.3f}" if language else f"{100 * accuracy:.1f}%",
             diff,
             _count(entry.get("exchanges_ok")),
             _count(entry.get("exchanges_failed")),
@@ -142,7 +175,7 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
         table.add_row(
             "centralized",
             str(args.steps),
-            f"{100 * reference:.1f}%",
+            f"{reference:.3f}" if language else f"{100 * reference:.1f}%",
             f"batch {args.peers * args.batch_size}, {samples} samples",
             "-",
             "-",

@@ -34,7 +34,7 @@ from peer.node.logbook import Logbook
 from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
-from workloads import Dataset, build_model, load_dataset, partition, peer_batches
+from workloads import Dataset, build_model, cross_entropy, load_dataset, partition, peer_batches
 
 
 def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
@@ -68,7 +68,7 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
         dataset=args.dataset,
         seed=args.seed,
     )
-    peer = Peer(model, optimizer, torch.nn.functional.cross_entropy, batches, config, recipe=recipe)
+    peer = Peer(model, optimizer, cross_entropy, batches, config, recipe=recipe)
     return peer, data
 
 
@@ -169,6 +169,8 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
     if args.eval_out:
         evaluation = await _write_evaluation(peer, data, args)
         final["test_accuracy"] = evaluation["test_accuracy"]
+        if "test_bits_per_byte" in evaluation:  # a language model's
+            final["test_bits_per_byte"] = evaluation["test_bits_per_byte"]
     await _record(logbook, peer, evaluation)
     model_file = getattr(args, "save_model", None)
     if model_file:
@@ -189,10 +191,10 @@ async def _record(
     if evaluation is None:
         await asyncio.to_thread(logbook.record_status, status)
         return
-    accuracy, test_loss = evaluation["test_accuracy"], evaluation["test_loss"]
-    await asyncio.to_thread(
-        lambda: logbook.record_status(status, accuracy=accuracy, test_loss=test_loss)
-    )
+    scores = {"accuracy": evaluation["test_accuracy"], "test_loss": evaluation["test_loss"]}
+    if "test_bits_per_byte" in evaluation:  # a language model's: TensorBoard and MLflow
+        scores["test_bits_per_byte"] = evaluation["test_bits_per_byte"]
+    await asyncio.to_thread(lambda: logbook.record_status(status, **scores))
 
 
 def join_failure(error: JoinError, join: Sequence[str]) -> str:
@@ -217,7 +219,8 @@ def _save_model(peer: Peer, path: str, evaluation: dict[str, Any] | None) -> Pat
         raise RuntimeError("the peer has no ModelRecipe to record with --save-model")
     scores = None
     if evaluation is not None:
-        scores = {key: evaluation[key] for key in ("test_loss", "test_accuracy", "test_samples")}
+        keys = ("test_loss", "test_accuracy", "test_bits_per_byte", "test_samples")
+        scores = {key: evaluation[key] for key in keys if key in evaluation}
     with peer.lock:
         written = save_model(
             path,
@@ -239,6 +242,11 @@ async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace)
         "step": peer.step,
         "test_loss": result["loss"],
         "test_accuracy": result["accuracy"],
+        **(
+            {}
+            if result["bits_per_byte"] is None
+            else {"test_bits_per_byte": result["bits_per_byte"]}
+        ),
         "test_samples": int(result["samples"]),
         "batch_size": args.batch_size,
         "exchanges_ok": peer.health.exchanges_ok,

@@ -422,11 +422,15 @@ class BackgroundPeer:
         batch_size: int = 1024,
     ) -> Evaluation:
         """Mean loss, and accuracy for a classifier (else None), of the model on
-        ``(inputs, targets)``, under the model lock in eval mode
+        ``(inputs, targets)`` (and bits per byte for a language model), under the model lock
+        in eval mode
         (:meth:`peer.node.trainer.Trainer.evaluate`); recorded in the log with the status."""
         result = self.peer.evaluate(inputs, targets, batch_size=batch_size, loss_fn=loss_fn)
         if self._logbook is not None:
             self._logbook.record_status(
-                self.status(), test_loss=result["loss"], accuracy=result["accuracy"]
+                self.status(),
+                test_loss=result["loss"],
+                accuracy=result["accuracy"],
+                test_bits_per_byte=result["bits_per_byte"],  # None (a classifier): not logged
             )
         return result

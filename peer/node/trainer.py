@@ -36,6 +36,7 @@ import torch
 from gossip.flat import FlatParameters
 from peer.node.model_lock import ModelLock
 from workloads.dropout import SeededDropout
+from workloads.task import bits_per_byte
 
 Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -45,12 +46,16 @@ LossFunction = Callable[[Any, Any], torch.Tensor]
 class Evaluation(TypedDict):
     """What :meth:`Trainer.evaluate` returns.
 
-    ``accuracy`` is None where it means nothing: a model that is not a classifier
-    (see :func:`is_classification`), such as a regression model.
+    ``accuracy`` is None where it means nothing: a model that is neither a classifier
+    (see :func:`is_classification`) nor a language model (:func:`is_language_model`; its
+    accuracy is next-token top-1), such as a regression model. ``bits_per_byte`` is the
+    loss in bits (``loss / ln 2``, :func:`workloads.task.bits_per_byte`) for a language
+    model, else None.
     """
 
     loss: float
     accuracy: float | None
+    bits_per_byte: float | None
     samples: int
 
 
@@ -68,6 +73,20 @@ def is_classification(output: torch.Tensor, targets: torch.Tensor) -> bool:
         and integer
         and targets.dtype != torch.bool
         and targets.dim() == 1
+    )
+
+
+def is_language_model(output: torch.Tensor, targets: torch.Tensor) -> bool:
+    """Whether ``output`` and ``targets`` are a language model's: logits ``[N, L, V]`` with
+    ``V >= 2`` and integer next tokens ``[N, L]`` (:data:`workloads.task.LANGUAGE_MODEL`)."""
+    integer = not targets.is_floating_point() and not targets.is_complex()
+    return (
+        output.dim() == 3
+        and targets.dim() == 2
+        and tuple(output.shape[:2]) == tuple(targets.shape)
+        and output.shape[2] >= 2
+        and integer
+        and targets.dtype != torch.bool
     )
 
 
@@ -248,11 +267,13 @@ class Trainer:
         loss_fn: LossFunction | None = None,
     ) -> Evaluation:
         """Mean loss, and accuracy (argmax) for a classifier, of the current model on
-        ``(inputs, targets)``.
+        ``(inputs, targets)``; for a language model also bits per byte.
 
         ``accuracy`` is reported only where it means something: outputs ``[N, C]`` with
-        ``C >= 2`` and integer class labels as targets (:func:`is_classification`);
-        otherwise (a regression model) it is None. ``loss_fn`` replaces the trainer's loss
+        ``C >= 2`` and integer class labels as targets (:func:`is_classification`), or a
+        language model's logits ``[N, L, V]`` and next tokens ``[N, L]``
+        (:func:`is_language_model`: next-token accuracy over all N·L positions, and
+        ``bits_per_byte``); otherwise (a regression model) it is None. ``loss_fn`` replaces the trainer's loss
         for this evaluation. Runs under the model lock in eval mode, ``batch_size`` samples
         at a time; call it from a worker thread (``asyncio.to_thread``) while the peer is
         serving.
@@ -264,7 +285,7 @@ class Trainer:
             raise ValueError("evaluate needs at least one sample, got 0")
         criterion = self.loss_fn if loss_fn is None else loss_fn
         loss_sum, correct = 0.0, 0
-        classification = True
+        classification = language = True
         with self.lock, torch.no_grad():
             training = self.model.training
             self.model.eval()
@@ -275,12 +296,16 @@ class Trainer:
                     output = self.model(x)
                     loss_sum += float(criterion(output, y)) * int(y.shape[0])
                     classification = classification and is_classification(output, y)
-                    if classification:
+                    language = language and is_language_model(output, y)
+                    if classification or language:
                         correct += int((output.argmax(dim=-1) == y).sum())
             finally:
                 self.model.train(training)
+        loss = loss_sum / total
+        scored = targets.numel() if language else total
         return {
-            "loss": loss_sum / total,
-            "accuracy": correct / total if classification else None,
+            "loss": loss,
+            "accuracy": correct / scored if classification or language else None,
+            "bits_per_byte": bits_per_byte(loss) if language else None,
             "samples": total,
         }

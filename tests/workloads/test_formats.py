@@ -305,8 +305,11 @@ def test_npz_round_trip(tmp_path: Path) -> None:
     ("change", "message"),
     [
         ({"y_test": None}, r"missing key\(s\) y_test"),
-        ({"y": np.zeros(10, dtype=np.float32)}, r"key 'y' must be a 1-D integer label array"),
-        ({"y": np.zeros((10, 1), dtype=np.int64)}, r"key 'y' must be a 1-D integer"),
+        (
+            {"y": np.zeros(10, dtype=np.float32)},
+            r"key 'y' must be integer, either 1-D labels \[N\]",
+        ),
+        ({"y": np.zeros((10, 1), dtype=np.int64)}, r"key 'y' must be integer, either 1-D labels"),
         ({"y": np.zeros(9, dtype=np.int64)}, r"key 'y' has 9 labels but 'x' has 10 samples"),
         ({"y": np.full(10, -1)}, r"key 'y' holds a negative label"),
         ({"x_test": np.zeros((4, 5))}, r"key 'x_test' has sample shape \(5,\) but 'x' has \(3,\)"),
