@@ -9,7 +9,6 @@ centralized algorithms?"). ``gossipnet launch`` prints each peer's test accuracy
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from torch import nn
 
 from workloads.batching import peer_batches
 from workloads.datasets import Dataset
+from workloads.optimizers import build_local_optimizer
 from workloads.task import CLASSIFICATION, cross_entropy, evaluate
 
 
@@ -42,14 +42,19 @@ def train_centralized(
     steps: int,
     batch_size: int,
     lr: float,
-    momentum: float = 0.0,
+    momentum: float | None = None,
     seed: int = 0,
+    optimizer: str = "sgd",
+    weight_decay: float = 0.0,
     stream: int = 0,
     stop: threading.Event | None = None,
 ) -> CentralizedResult:
     """Train ``model`` in place on all of ``data``'s training set and test it.
 
-    ``steps`` steps of SGD (``lr``, ``momentum``) on cross entropy, each on ``batch_size``
+    ``steps`` steps of the local optimizer ``optimizer`` (:mod:`workloads.optimizers`: SGD
+    with ``lr`` and ``momentum``, 0.9 unless given, by default; ``adam``, ``adamw``), the
+    optimizer a peer builds from the same flags, with ``weight_decay`` on
+    cross entropy, each on ``batch_size``
     samples drawn by :func:`workloads.peer_batches` over every training index with ``seed``
     and ``stream`` (its ``peer``: the launcher passes N, a stream none of peers 0..N-1
     draws), then the task's metrics on the test set (:func:`workloads.task.evaluate`: accuracy
@@ -66,19 +71,17 @@ def train_centralized(
         raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr: must be a finite number > 0, got {lr!r}")
-    if not (math.isfinite(momentum) and momentum >= 0):
-        raise ValueError(f"momentum: must be a finite number >= 0, got {momentum!r}")
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    step = build_local_optimizer(
+        model.parameters(), optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
     indices = torch.arange(int(data.y_train.shape[0]))
     batches = peer_batches(data, indices, batch_size=batch_size, seed=seed, peer=stream)
     for _, (x, y) in zip(range(steps), batches, strict=False):
         if stop is not None and stop.is_set():
             return CentralizedResult(error="stopped before the end")
-        optimizer.zero_grad()
+        step.zero_grad()
         cross_entropy(model(x), y).backward()
-        optimizer.step()
+        step.step()
     chunk = len(data.y_test) if data.task == CLASSIFICATION else 32  # logits [32, L, V]
     scores = evaluate(model, data.x_test, data.y_test, data.task, batch_size=chunk)
     model.eval()

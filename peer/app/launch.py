@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import shlex
 import signal
 import sys
@@ -48,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from peer.app.peer_flags import add_optimizer_flags
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
@@ -57,6 +57,7 @@ from peer.node.logbook import Logbook, LogbookError, check_log_dir
 from peer.node.topology import topology_names
 from workloads.baseline import CentralizedResult
 from workloads.cache import default_cache_dir
+from workloads.optimizers import check_local_optimizer
 
 DEMO_DEFAULTS = (
     "--peers", "4", "--dataset", "mnist1d:num_samples=4000", "--model", "mlp",
@@ -131,9 +132,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         default="mlp",
         help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet)",
     )
-    work.add_argument("--batch-size", type=int, default=32)
-    work.add_argument("--lr", type=float, default=0.05)
-    work.add_argument("--momentum", type=float, default=0.9)
+    work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
+    add_optimizer_flags(work)
     work.add_argument("--seed", type=int, default=0)
     work.add_argument("--steps", type=int, default=500, help="optimizer steps per peer")
     out = parser.add_argument_group("output")
@@ -175,8 +175,12 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--steps: must be >= 1, got {args.steps}")
     if args.batch_size < 1:
         parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        parser.error(f"--lr: must be a finite number > 0, got {args.lr}")
+    try:
+        check_local_optimizer(
+            args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
+        )
+    except ValueError as error:
+        parser.error("--" + str(error).replace("_", "-", 1))
     try:
         shlex.split(args.peer_args)
     except ValueError as error:
@@ -278,6 +282,8 @@ def _train_baseline(
             lr=args.lr,
             momentum=args.momentum,
             seed=args.seed,
+            optimizer=args.optimizer,
+            weight_decay=args.weight_decay,
             stream=args.peers,
             stop=stop,
         )

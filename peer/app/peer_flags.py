@@ -14,11 +14,34 @@ from peer.app.usage import (
 )
 from peer.node.config import ALGORITHMS, MODES, PeerConfig
 from peer.node.topology import topology_names
+from workloads.optimizers import LOCAL_OPTIMIZERS, SGD_MOMENTUM
 
 __all__ = ["CONFIG_FIELDS", "DEFAULT_DATASET", "NETWORK_FIELDS", "USER_CODE", "peer_parser"]
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
 USER_CODE = "or your own MODULE:FACTORY (mymodel.py:MyNet, mypkg.models:make_net)"
+
+
+def add_optimizer_flags(group: argparse._ArgumentGroup) -> None:
+    """The local (inner) optimizer's flags, the same on ``peer`` and ``launch``."""
+    group.add_argument(
+        "--optimizer",
+        choices=LOCAL_OPTIMIZERS,
+        default="sgd",
+        help="local optimizer (default sgd; adamw is DiLoCo's inner optimizer)",
+    )
+    group.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
+    group.add_argument(
+        "--momentum",
+        type=float,
+        help=f"SGD momentum (default {SGD_MOMENTUM}; sgd only: adam and adamw keep their own)",
+    )
+    group.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        help="weight decay (default 0; adamw: decoupled)",
+    )
 
 
 def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
@@ -149,9 +172,8 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     work.add_argument(
         "--model", default="mlp", help=f"workloads model spec (default mlp), {USER_CODE}"
     )
-    work.add_argument("--batch-size", type=int, default=32)
-    work.add_argument("--lr", type=float, default=0.05)
-    work.add_argument("--momentum", type=float, default=0.9)
+    work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
+    add_optimizer_flags(work)
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=0, help="optimizer steps, 0 = until a signal")
     run.add_argument("--status-every", type=int, default=50, help="steps between status lines")

@@ -1,7 +1,7 @@
 """One ``gossipnet peer`` run from its parsed flags: build the peer, train, report.
 
 :func:`build_peer` turns the workload flags into a :class:`~peer.node.peer.Peer` (data set,
-this peer's shard of the partition, model, SGD with momentum, endless batches).
+this peer's shard of the partition, model, local optimizer, endless batches).
 :func:`run_peer` is the process's life: start, print ``peer ID listening on ADDRESS``
 (and ``--address-file``), wait for ``--wait-for-peers``, train in chunks of
 ``--status-every`` steps until ``--steps`` more steps (counted from the resumed step
@@ -35,6 +35,7 @@ from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
 from workloads import Dataset, build_model, cross_entropy, load_dataset, partition, peer_batches
+from workloads.optimizers import build_local_optimizer, check_local_optimizer
 
 
 def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
@@ -45,10 +46,19 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
-    lr, momentum = args.lr, args.momentum
+    name, lr, weight_decay = args.optimizer, args.lr, args.weight_decay
+    try:  # named by flag (the message starts with the field)
+        momentum = check_local_optimizer(
+            name, lr=lr, momentum=args.momentum, weight_decay=weight_decay
+        )
+    except ValueError as error:
+        raise ValueError("--" + str(error).replace("_", "-", 1)) from None
 
     def optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+        return build_local_optimizer(
+            params, name, lr=lr, momentum=momentum if name == "sgd" else None,
+            weight_decay=weight_decay,
+        )  # fmt: skip
 
     batches = peer_batches(
         data,
