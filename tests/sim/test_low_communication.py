@@ -83,3 +83,12 @@ def test_on_a_slow_network_data_parallel_pays_the_all_reduce_latency_every_step(
     assert per_step["DiLoCo"] == pytest.approx(0.1 + all_reduce / 20, rel=1e-6)
     assert per_step["NoLoCo"] < per_step["DiLoCo"]
     assert per_step["gossip-DiLoCo"] < per_step["DiLoCo"]
+
+
+def test_one_byzantine_peer_of_eight_breaks_the_mean_and_not_the_trimmed_mean():
+    runs = _quick("lm-byzantine", shrink=10)
+    final = {label: records[-1].test_bits_per_byte for label, records in runs.items()}
+    clean = final["mean, no attack"]
+    assert final["mean, sign-flip"] > clean + 0.5
+    assert final["trimmed mean, sign-flip"] < clean + 0.1
+    assert final["trimmed mean, ALIE"] < clean + 0.1
