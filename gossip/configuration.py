@@ -59,8 +59,8 @@ GOSSIP_ALGORITHMS: dict[str, str] = {
     "push-sum": "stochastic gradient push on directed graphs (Assran et al., ICML 2019)",
     "choco": "CHOCO-SGD, compressed differences (Koloskova et al., ICML 2019)",
     "ad-psgd": "asynchronous pairwise gossip AD-PSGD (Lian et al., ICML 2018)",
-    "diloco": "H inner steps, then an outer optimizer on the mixed pseudo-gradients "
-    "(Douillard et al. 2023; gossip-DiLoCo on a sparse topology)",
+    "diloco": "H inner steps, then an outer optimizer step towards the neighbours' models "
+    "(Douillard et al. 2023: DiLoCo on the complete graph, gossip-DiLoCo on a sparser one)",
     "noloco": "DiLoCo without all-reduce: one random partner per outer step "
     "(Kolehmainen et al. 2025)",
     "sparseloco": "DiLoCo with error feedback and sparse low-bit pseudo-gradients "
