@@ -91,6 +91,11 @@ def choose_scale(values: Iterable[float], *, span: float = LOG_SPAN) -> Scale:
     return "log" if max(positive) / min(positive) >= span else "linear"
 
 
+ROUNDING_FLOOR = 1e-9
+"""A run whose consensus distance stays below this (and above 0) has replicas that agree up
+to float rounding: it is drawn as agreeing (its legend says so), not as a curve of noise."""
+
+
 def drawable(
     xs: Sequence[float],
     ys: Sequence[float],
@@ -366,7 +371,12 @@ def draw_runs(
     bytes_scale = choose_scale(
         max(_finite(r.bytes_total for r in rs), default=0.0) for rs in runs.values()
     )
-    distance_scale = choose_scale(r.consensus_distance for rs in runs.values() for r in rs)
+    distance_scale = choose_scale(
+        r.consensus_distance
+        for rs in runs.values()
+        if max(_finite(r.consensus_distance for r in rs), default=0.0) >= ROUNDING_FLOOR
+        for r in rs
+    )
 
     handles: list[Any] = []
     labels: list[str] = []
@@ -382,14 +392,21 @@ def draw_runs(
         accuracy_time.plot(*drawable(time, accuracy, x_scale=time_scale), **style)
         sent = [r.bytes_total for r in records]
         accuracy_bytes.plot(*drawable(sent, accuracy, x_scale=bytes_scale), **style)
+        notes = []
+        finite_distances = [d for d in distance if math.isfinite(d)]
+        rounding = bool(finite_distances) and 0.0 < max(finite_distances) < ROUNDING_FLOOR
+        if rounding:
+            # replicas that agree up to float rounding (every node took the same step,
+            # summed in its own order): noise, not a disagreement worth a log axis
+            notes.append(f"consensus distance below {ROUNDING_FLOOR:g} throughout (rounding)")
+            distance = [0.0 if math.isfinite(d) else d for d in distance]
         xs, ys = drawable(time, distance, x_scale=time_scale, y_scale=distance_scale)
         distance_time.plot(xs, ys, **style)
-        notes = []
         bad_accuracy = sum(not math.isfinite(a) for a in accuracy)
         if bad_accuracy:
             notes.append(f"{word} not finite at {bad_accuracy} of {len(records)}, not drawn")
         on_axis = [d for t, d in zip(time, distance) if time_scale == "linear" or t > 0.0]
-        zeros = sum(d <= 0.0 for d in on_axis) if distance_scale == "log" else 0
+        zeros = sum(d <= 0.0 for d in on_axis) if distance_scale == "log" and not rounding else 0
         if zeros and zeros == len(on_axis):
             notes.append("consensus distance 0 throughout, not drawn on the log axis")
         elif zeros:

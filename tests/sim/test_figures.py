@@ -273,6 +273,24 @@ def test_zeros_after_the_start_are_counted_in_the_legend() -> None:
     assert_every_point_is_on_its_axes(figure)
 
 
+def test_replicas_that_agree_up_to_rounding_are_drawn_as_agreeing() -> None:
+    """On the complete graph every node takes the same step, summed in its own order: the
+    consensus distance is float noise (1e-13 here), not a curve to read on a log axis."""
+    figure = draw_runs(
+        {
+            "dpsgd": run("dpsgd", 1.0, distance=5.0),
+            "same step": run("same step", 1.0, distance=3e-13),
+        }
+    )
+    distance = panels(figure)["distance"]
+    assert distance.get_yscale() == "linear"  # the noise does not stretch a log axis to 1e-13
+    drawn = [list(line.get_ydata()) for line in distance.get_lines()]
+    assert not any(0 < y < 1e-9 for y in drawn[1])
+    labels = legend_text(figure)
+    assert any(t.startswith("same step") and "rounding" in t for t in labels)
+    assert not any(t.startswith("same step") and "0 throughout" in t for t in labels)
+
+
 def test_a_byte_axis_on_a_log_scale_never_starts_at_zero() -> None:
     runs = {
         "top-k": run("top-k", 0.1, bytes_per_round=1e4),
