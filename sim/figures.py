@@ -96,6 +96,12 @@ ROUNDING_FLOOR = 1e-9
 to float rounding: it is drawn as agreeing (its legend says so), not as a curve of noise."""
 
 
+def _agrees_to_rounding(records: Sequence[Record]) -> bool:
+    """Whether a run's consensus distance stays in (0, ROUNDING_FLOOR): rounding noise."""
+    finite = _finite(r.consensus_distance for r in records)
+    return bool(finite) and 0.0 < max(finite) < ROUNDING_FLOOR
+
+
 def drawable(
     xs: Sequence[float],
     ys: Sequence[float],
@@ -372,10 +378,7 @@ def draw_runs(
         max(_finite(r.bytes_total for r in rs), default=0.0) for rs in runs.values()
     )
     distance_scale = choose_scale(
-        r.consensus_distance
-        for rs in runs.values()
-        if max(_finite(r.consensus_distance for r in rs), default=0.0) >= ROUNDING_FLOOR
-        for r in rs
+        r.consensus_distance for rs in runs.values() if not _agrees_to_rounding(rs) for r in rs
     )
 
     handles: list[Any] = []
@@ -393,8 +396,7 @@ def draw_runs(
         sent = [r.bytes_total for r in records]
         accuracy_bytes.plot(*drawable(sent, accuracy, x_scale=bytes_scale), **style)
         notes = []
-        finite_distances = [d for d in distance if math.isfinite(d)]
-        rounding = bool(finite_distances) and 0.0 < max(finite_distances) < ROUNDING_FLOOR
+        rounding = _agrees_to_rounding(records)
         if rounding:
             # replicas that agree up to float rounding (every node took the same step,
             # summed in its own order): noise, not a disagreement worth a log axis
@@ -421,7 +423,12 @@ def draw_runs(
     _set_axis(accuracy_time, "x", time_scale, (r.time for r in every), "simulated time (s)")
     _bytes_axis(accuracy_bytes, bytes_scale, (r.bytes_total for r in every))
     _set_axis(distance_time, "x", time_scale, (r.time for r in every), "simulated time (s)")
-    shown = [r.consensus_distance for r in every if time_scale == "linear" or r.time > 0.0]
+    shown = [
+        r.consensus_distance if not _agrees_to_rounding(rs) else 0.0
+        for rs in runs.values()
+        for r in rs
+        if time_scale == "linear" or r.time > 0.0
+    ]
     _set_axis(distance_time, "y", distance_scale, shown, DISTANCE_LABEL)
     for axis in (accuracy_time, accuracy_bytes):
         axis.set_ylabel(BITS_PER_BYTE_LABEL if language else ACCURACY_LABEL)
