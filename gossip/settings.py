@@ -170,9 +170,8 @@ def _compressor(value: Any, algorithm: str) -> str:
         raise ValueError(f"must be a compressor spec string (e.g. 'fp16'); got {value!r}")
     codec = build_compressor(value).codec  # its ValueError names the spec
     if algorithm not in ANY_COMPRESSOR and codec not in DENSE_COMPRESSORS:
-        what = "pseudo-gradient" if algorithm in OUTER_FAMILY else "model"
         raise ValueError(
-            f"{codec} drops most coordinates of the {what} {algorithm} sends, and nothing "
+            f"{codec} drops most coordinates of the model {algorithm} sends, and nothing "
             f"keeps them for later; use {', '.join(DENSE_COMPRESSORS)}, or choco or "
             "sparseloco, which keep what was not sent"
         )

@@ -325,7 +325,8 @@ class PeerConfig:
             raise _error(
                 "topology",
                 f"is required for {algorithm}: its mixing weights must come from a known "
-                "graph over {peer_list} (e.g. topology='ring')",
+                "graph over {peer_list} (e.g. topology="
+                + ("'random-matching')" if algorithm == "noloco" else "'ring')"),
                 "peer_list",
             )
         object.__setattr__(self, "algorithm", algorithm)
