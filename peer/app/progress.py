@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from peer.app.status import human_bytes
-from peer.app.swarm import PeerProcess, Swarm, read_text
+from peer.app.swarm import PeerProcess, Swarm, holds, read_text
 from peer.node.logbook import Logbook
 
 
@@ -49,9 +49,13 @@ async def _poll(session: aiohttp.ClientSession, peer: PeerProcess) -> None:
     peer.status = status
 
 
-def _finished(peer: PeerProcess, steps: int) -> bool:
-    """Exited, or reached ``steps`` (a holding peer waits for the launcher's SIGTERM)."""
-    return peer.process.poll() is not None or int(peer.status.get("step", 0)) >= steps
+def _finished(peer: PeerProcess, steps: int, holding: bool) -> bool:
+    """Exited, or, for a holding peer (which waits for the launcher's SIGTERM), reached
+    ``steps``. A peer that does not hold is done only when it exits: after its steps it
+    still evaluates and writes its results, which on busy cores can take a while."""
+    if peer.process.poll() is not None:
+        return True
+    return holding and int(peer.status.get("step", 0)) >= steps
 
 
 def _neighbours(status: dict[str, Any]) -> int:
@@ -132,10 +136,11 @@ async def watch(
             live = Live(live_table(swarm), console=Console(stderr=True), auto_refresh=False)
             live.start()
         last_line = time.monotonic()
+        holding = holds(swarm.args)
         try:
             while swarm.alive() and not stop.is_set():
                 await poll_all()
-                if all(_finished(p, swarm.args.steps) for p in swarm.peers):
+                if all(_finished(p, swarm.args.steps, holding) for p in swarm.peers):
                     break
                 if live is not None:
                     live.update(live_table(swarm), refresh=True)

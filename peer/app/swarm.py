@@ -177,6 +177,13 @@ async def wait_for_address(
     raise RuntimeError(f"{peer.peer_id} did not start listening within {timeout_s:.0f} s")
 
 
+def holds(args: argparse.Namespace) -> bool:
+    """Whether the peers hold after their steps: asynchronous peers keep answering until
+    every peer is done (then the launcher's SIGTERM), so no straggler ends its run averaging
+    with nobody. Synchronous peers evaluate, write their results and exit by themselves."""
+    return args.algorithm in (None, "ad-psgd") and args.mode in (None, "async")
+
+
 def peer_flags(
     args: argparse.Namespace,
     index: int,
@@ -203,9 +210,7 @@ def peer_flags(
     ]  # fmt: skip
     if secret_file is not None:
         flags += ["--secret-file", str(secret_file)]
-    if args.algorithm in (None, "ad-psgd") and args.mode in (None, "async"):
-        # Finished peers keep answering until every peer is done (then SIGTERM), so
-        # no straggler ends its run averaging with nobody.
+    if holds(args):
         flags.append("--hold")
     if args.checkpoint_every:
         flags += ["--checkpoint-dir", str(directory / f"peer-{index}.checkpoints")]
