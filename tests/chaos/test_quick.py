@@ -100,6 +100,7 @@ def test_slow_bodies_do_not_starve_signed_exchanges(peers: dict[str, PeerProcess
     assert row.passed, explain(row)
 
 
+@pytest.mark.slow
 def test_hostile_neighbour_is_survived(tmp_path: Path) -> None:
     row = asyncio.run(
         hostile_neighbour(

@@ -51,6 +51,7 @@ def metrics_rows(log_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(stream))
 
 
+@pytest.mark.slow
 def test_two_peer_processes_train_together(tmp_path: Path) -> None:
     address_file = tmp_path / "a.address"
     first = subprocess.Popen(
@@ -94,6 +95,7 @@ def test_two_peer_processes_train_together(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
     address_file = tmp_path / "a.address"
     checkpoints = tmp_path / "checkpoints"

@@ -193,6 +193,7 @@ def test_user_code_mistakes_name_the_flag(tmp_path: Path, refused: Refused) -> N
     )
 
 
+@pytest.mark.slow
 def test_an_unexpected_error_is_one_line_unless_debug(tmp_path: Path) -> None:
     model = tmp_path / "mymodel.py"
     model.write_text(USER_MODEL)
