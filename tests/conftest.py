@@ -1,7 +1,7 @@
 """Shared test settings: deterministic hypothesis profile, seeded torch, one data set cache.
 
 ``make test`` runs pytest with ``-n 2 --dist load``: tests are handed to the two workers one
-by one, whatever file they are in, so both stay busy to the end (the ``slow`` ones first). Tests must therefore not
+by one, whatever file they are in, so both stay busy to the end. Tests must therefore not
 depend on which worker runs them or on what ran before (ephemeral ports, per-test tmp_path);
 a module fixture is set up once per worker that runs the module's tests.
 """
@@ -23,15 +23,6 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gossipnet"))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` (end-to-end runs of seconds each) run first, in their
-    order, then the rest: ``--dist load`` hands the first tests out alternately, so the long
-    ones spread over both workers and the many short ones fill the end, where a long test
-    started last would leave the other worker idle. Every worker sorts the same collection
-    the same way (xdist requires it)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True, scope="session")
