@@ -195,7 +195,7 @@ def sparse_mix(
         return None
     n, d = values.shape
     rows = (
-        max(1, min(n, _MIX_CHUNK_BYTES // max(1, d * values.element_size())))
+        max(1, min(n, MIX_CHUNK_BYTES // max(1, d * values.element_size())))
         if values.device.type == "cpu"
         else n
     )
@@ -214,8 +214,9 @@ def sparse_mix(
     return target if finite else None
 
 
-#: bytes of result rows per block of :func:`sparse_mix` (cache-sized)
-_MIX_CHUNK_BYTES = 4 << 20
+MIX_CHUNK_BYTES = 4 << 20
+"""Bytes of result rows per block of :func:`sparse_mix` on the CPU (cache-sized); the result
+does not depend on it."""
 _MATRIX_CACHE_SIZE = 4
 
 

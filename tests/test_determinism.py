@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from torch import nn
 
@@ -39,6 +40,7 @@ STEPS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_seeded_trainer_takes_the_same_steps_in_two_fresh_processes() -> None:
     runs = [
         subprocess.Popen(

@@ -17,7 +17,9 @@ import networkx as nx
 import numpy as np
 
 
-def _layout(graph: nx.Graph, layout: str, seed: int) -> np.ndarray:
+def node_positions(graph: nx.Graph, layout: str, seed: int) -> np.ndarray:
+    """The nodes' positions ``[n, 2]``: evenly on the unit circle (``"circular"``, node i at
+    angle 2 pi i / n) or networkx's spring layout drawn with ``seed`` (``"spring"``)."""
     n = graph.number_of_nodes()
     if layout == "circular":
         angle = 2.0 * np.pi * np.arange(n) / n
@@ -53,7 +55,7 @@ def node_diameter(spacing: float, points_per_unit: float) -> float:
     return float(np.clip(0.7 * spacing * points_per_unit, SMALLEST_NODE, LARGEST_NODE))
 
 
-def _label_size(nodes: int, diameter: float) -> float | None:
+def label_size(nodes: int, diameter: float) -> float | None:
     """The font size (points) at which the widest node number fits inside its marker, or
     None when that would be too small to read (under 5 points) or there are over 64 nodes."""
     if nodes > 64:
@@ -81,7 +83,7 @@ def draw(
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"directory {str(target.parent)!r} does not exist")
-    xy = _layout(graph, layout, seed)
+    xy = node_positions(graph, layout, seed)
     n = len(xy)
     edges = np.asarray(list(graph.edges()), dtype=np.int64).reshape(-1, 2)
     figure = Figure(figsize=(6, 6), dpi=100)
@@ -98,7 +100,7 @@ def draw(
         LineCollection(list(xy[edges]), colors="0.45", linewidths=width, alpha=alpha, zorder=1)
     )
     axes.scatter(xy[:, 0], xy[:, 1], s=diameter**2, c="tab:blue", linewidths=0, zorder=2)
-    fontsize = _label_size(n, diameter)
+    fontsize = label_size(n, diameter)
     if fontsize is not None:
         for node, (x, y) in enumerate(xy):
             axes.annotate(

@@ -46,8 +46,15 @@ def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, PeerPr
         yield {"first": first, "second": second}
 
 
-def test_hostile_requests_change_nothing(peers: dict[str, PeerProcess]) -> None:
-    row = asyncio.run(
+@pytest.mark.slow
+def test_hostile_forged_replayed_and_slow_requests_change_nothing(
+    peers: dict[str, PeerProcess],
+) -> None:
+    """Three attacks against the same two peer processes, in one test (with ``--dist load``
+    tests sharing the module's peers would each start them on their own worker): hostile
+    requests, forged and replayed signed ones, and slow bodies that must not starve signed
+    exchanges."""
+    fuzzed = asyncio.run(
         fuzz_peer(
             "quick fuzz",
             peers["first"],
@@ -58,12 +65,9 @@ def test_hostile_requests_change_nothing(peers: dict[str, PeerProcess]) -> None:
             training=False,
         )
     )
-    assert row.requests == 300
-    assert row.passed, explain(row)
-
-
-def test_forged_and_replayed_requests_are_refused(peers: dict[str, PeerProcess]) -> None:
-    row = asyncio.run(
+    assert fuzzed.requests == 300
+    assert fuzzed.passed, explain(fuzzed)
+    replayed = asyncio.run(
         forged_and_replayed(
             "quick replay",
             first=peers["first"],
@@ -74,12 +78,9 @@ def test_forged_and_replayed_requests_are_refused(peers: dict[str, PeerProcess])
             restart=False,
         )
     )
-    assert any("(other peer)" in note for note in row.notes)
-    assert row.passed, explain(row)
-
-
-def test_slow_bodies_do_not_starve_signed_exchanges(peers: dict[str, PeerProcess]) -> None:
-    row = asyncio.run(
+    assert any("(other peer)" in note for note in replayed.notes)
+    assert replayed.passed, explain(replayed)
+    flooded = asyncio.run(
         slow_body_flood(
             "quick flood",
             target=peers["second"],
@@ -96,10 +97,11 @@ def test_slow_bodies_do_not_starve_signed_exchanges(peers: dict[str, PeerProcess
             settle_s=5.0,
         )
     )
-    assert row.requests == 8
-    assert row.passed, explain(row)
+    assert flooded.requests == 8
+    assert flooded.passed, explain(flooded)
 
 
+@pytest.mark.slow
 def test_hostile_neighbour_is_survived(tmp_path: Path) -> None:
     row = asyncio.run(
         hostile_neighbour(

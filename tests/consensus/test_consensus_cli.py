@@ -1,10 +1,13 @@
-"""``gossipnet consensus`` in a real OS process."""
+"""``gossipnet consensus``: listing the registry in a real OS process, the rest through the
+command's entry point (``gossipnet.cli.main``) in this process (no Python start-up each)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import consensus
 
@@ -21,6 +24,19 @@ def gossipnet(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``gossipnet consensus ARGS`` in this process: exit code, stdout, stderr."""
+    from gossipnet.cli import main
+
+    try:
+        code = main(["consensus", *args])
+    except SystemExit as exited:
+        assert isinstance(exited.code, int | None)
+        code = exited.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_lists_every_rule_and_attack() -> None:
     result = gossipnet()
     assert result.returncode == 0, result.stderr
@@ -29,27 +45,27 @@ def test_lists_every_rule_and_attack() -> None:
     assert "bucketing:s=2,seed=0+RULE" in result.stdout
 
 
-def test_help_shows_the_registry() -> None:
-    result = gossipnet("--help")
-    assert result.returncode == 0
-    assert "--aggregator SPEC" in result.stdout
-    assert "trimmed-mean:b=1,n=none" in result.stdout
-    assert "alie:f=1,n=none,z=none" in result.stdout
+def test_help_shows_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = in_process(capsys, "--help")
+    assert code == 0
+    assert "--aggregator SPEC" in out
+    assert "trimmed-mean:b=1,n=none" in out
+    assert "alie:f=1,n=none,z=none" in out
 
 
-def test_checks_a_composed_spec() -> None:
-    result = gossipnet("--aggregator", "nnm+krum:f=2", "--attack", "alie:z=1.5")
-    assert result.returncode == 0, result.stderr
-    assert "NearestNeighbourMixing(f=2, inner=Krum(f=2))" in result.stdout
-    assert "ALittleIsEnough(" in result.stdout and "z=1.5" in result.stdout
+def test_checks_a_composed_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = in_process(capsys, "--aggregator", "nnm+krum:f=2", "--attack", "alie:z=1.5")
+    assert code == 0, err
+    assert "NearestNeighbourMixing(f=2, inner=Krum(f=2))" in out
+    assert "ALittleIsEnough(" in out and "z=1.5" in out
 
 
-def test_a_bad_spec_is_one_line_and_exit_code_2() -> None:
-    result = gossipnet("--aggregator", "krum:f=2,n=6")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+def test_a_bad_spec_is_one_line_and_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = in_process(capsys, "--aggregator", "krum:f=2,n=6")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
         "gossipnet consensus: error: krum needs n > 2f+2, got n=6, f=2"
     )
-    result = gossipnet("--attack", "lie")
-    assert result.returncode == 2
-    assert "unknown attack 'lie'; choices: sign-flip" in result.stderr
+    code, _, err = in_process(capsys, "--attack", "lie")
+    assert code == 2
+    assert "unknown attack 'lie'; choices: sign-flip" in err

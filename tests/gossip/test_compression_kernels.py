@@ -342,11 +342,19 @@ def test_topk_keeps_the_definitions_coordinates(n, d, ratio, dtype, seed, slab) 
     before = x.clone()
     codec = TopK(ratio)
     k = codec.k(d)
+    expected = topk_reference(x, k)
     with small_slabs(slab):
-        fields = codec._encode_fields(x, None)
-    assert torch.equal(fields["index"], topk_reference(x, k))
-    expected_values = x.gather(1, fields["index"]).float()
-    np.testing.assert_array_equal(fields["value"].numpy(), expected_values.numpy())  # NaN == NaN
+        batched = codec.compress(x).values
+        payloads = [codec.encode(row) for row in x]
+    for row, payload, index in zip(x, payloads, expected):
+        sent = np.frombuffer(payload["index"], "<i4")
+        np.testing.assert_array_equal(sent, index.numpy())
+        values = np.frombuffer(payload["value"], "<f4")
+        np.testing.assert_array_equal(values, row[index].float().numpy())  # NaN == NaN
+    kept = torch.zeros(n, d, dtype=torch.bool).scatter_(1, expected, True)
+    np.testing.assert_array_equal(  # the batched path keeps the same coordinates, x's values
+        batched.float().numpy(), torch.where(kept, x, torch.zeros_like(x)).float().numpy()
+    )
     np.testing.assert_array_equal(x.float().numpy(), before.float().numpy())  # x not written
 
 
@@ -355,9 +363,10 @@ def test_topk_on_random_values_matches_torch_topk() -> None:
     x = torch.randn(3, 500)
     for ratio in (0.01, 0.1, 0.5):
         with small_slabs():
-            index = TopK(ratio)._encode_fields(x, None)["index"]
+            values = TopK(ratio).compress(x).values
         expected = x.abs().topk(TopK(ratio).k(500), dim=1).indices.sort(dim=1).values
-        assert torch.equal(index, expected)
+        assert torch.equal(values.ne(0).nonzero()[:, 1].view(3, -1), expected)  # no 0 in randn
+        assert torch.equal(values.gather(1, expected), x.gather(1, expected))
 
 
 class _BadGuess(TopK):
@@ -383,8 +392,8 @@ def test_a_threshold_that_fails_falls_back_to_the_same_answer(per_row: bool) -> 
 
     good, bad = generators(), generators()
     with small_slabs():
-        fallback = _BadGuess(0.05)._encode_fields(x, None)["index"]
-        assert torch.equal(fallback, TopK(0.05)._encode_fields(x, None)["index"])
+        fallback = _BadGuess(0.05).compress(x).values
+        assert torch.equal(fallback, TopK(0.05).compress(x).values)
         expected = RandomK(0.05).compress(x, good).values
         assert torch.equal(_BadGuessRandomK(0.05).compress(x, bad).values, expected)
     after_good = good if isinstance(good, list) else [good]
@@ -411,11 +420,12 @@ def test_randk_keeps_the_largest_keys_drawn_in_order(n, d, ratio, per_row, seed,
 
     keys = uniform(torch.zeros(n, d), generators())
     codec = RandomK(ratio)
+    x = torch.randn(n, d) + 10  # no coordinate is 0: the kept ones are the nonzero ones
     with small_slabs(slab):
-        fields = codec._encode_fields(torch.randn(n, d), generators())
-    assert torch.equal(
-        fields["index"], torch.from_numpy(largest_reference(keys.numpy(), codec.k(d)))
-    )
+        values = codec.compress(x, generators()).values
+    expected = torch.from_numpy(largest_reference(keys.numpy(), codec.k(d)))
+    assert torch.equal(values.ne(0).nonzero()[:, 1].view(n, -1), expected)
+    assert torch.equal(values.gather(1, expected), x.gather(1, expected))
 
 
 # ----------------------------------------------------------------------------- every codec

@@ -371,6 +371,7 @@ with BackgroundPeer(model, optimizer, config, log_every=2) as swarm:
 '''
 
 
+@pytest.mark.slow
 def test_a_plain_loop_in_two_processes_gossips_its_batchnorm_statistics(tmp_path: Path) -> None:
     """The issue's done-when: a plain PyTorch loop (DataLoader, BatchNorm, momentum, StepLR)
     in two processes; status over HTTP, TensorBoard files, and averaged statistics."""

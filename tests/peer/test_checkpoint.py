@@ -286,7 +286,7 @@ async def test_checkpoints_of_the_previous_format_still_resume(tmp_path: Path) -
 # Every other kill waits for a write in progress (its temporary file) and lands in it; the
 # others land at a random moment (between writes, in one, in the rename). Landing at random
 # alone almost never hits a write: 0 of 8 such kills left a temporary when measured.
-KILLS = 8
+KILLS = 4
 
 
 def _newest_step(folder: Path) -> int:

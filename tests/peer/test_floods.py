@@ -137,7 +137,10 @@ async def test_stalled_bodies_in_an_open_swarm_hold_slots_only_until_the_deadlin
     (an exchange meanwhile is 409 busy), each until the body deadline (408), and then
     every slot is free again and exchanges are served."""
     deadline_s = 1.5
-    async with served_peer("callee", secret=None, request_timeout_s=deadline_s) as served:
+    # refused connections linger 1 s (not aiohttp's 10 s): the server's cleanup waits on them
+    async with served_peer(
+        "callee", secret=None, request_timeout_s=deadline_s, linger_s=1.0
+    ) as served:
         state = served.runner.app[SERVER_STATE]  # type: ignore[attr-defined]
         heads = [exchange_head(served.peer.max_body_bytes, None)] * STALLED
         before = served.digest()
@@ -206,12 +209,15 @@ async def test_stalled_join_bodies_are_held_within_the_byte_budget() -> None:
         part = b'{"id": "x", "address": "' + b"a" * ((1 << 20) - 100)
         heads = [join_head(1 << 20, "callee")] * 10
         async with stalled(served.address, heads, body=part) as connections:
-            answers = []
-            for reader, _ in connections:
+
+            async def answer(reader: asyncio.StreamReader) -> tuple[int, str]:
                 try:
-                    answers.append(await answer_head(reader, 1.0))
+                    return await answer_head(reader, 1.0)
                 except TimeoutError:
-                    answers.append((0, "stalled"))  # still being read, within the budget
+                    return (0, "stalled")  # still being read, within the budget
+
+            # every connection's answer awaited at once: the stalled ones time out together
+            answers = await asyncio.gather(*(answer(reader) for reader, _ in connections))
             assert answers.count((0, "stalled")) == 4  # 4 MiB: four bodies of ~1 MiB
             assert answers.count((429, "overloaded")) == 6
             assert state.budget.held <= limits.max_unauthenticated_bytes

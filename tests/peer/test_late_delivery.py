@@ -4,8 +4,9 @@ CHOCO keeps public copies that are sums of increments, so an increment that miss
 round must still arrive and be applied (gossip.Choco): a peer that answers a neighbour's
 call before it has its own round's message owes it that message and pushes it once it
 has it; the receiver hands it to ``late`` at its next round's start (or in ``settle``).
-With no training (lr = 0) CHOCO-Gossip keeps the network average exactly, so the test
-slows one peer past the others' round deadline and checks the average at the end.
+With no training (lr = 0) CHOCO-Gossip keeps the network average exactly (and push-sum the
+mass), so the test slows one peer past the others' round deadline (a step callback) and
+checks the average at the end: a late message dropped, or applied twice, would move it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from torch import nn
 from peer.app.swarm import free_ports
 from peer.node.config import PeerConfig
 from peer.node.peer import Peer
-from peer.node.sync_round import SyncRound
 
 SECRET = b"late-delivery-test-secret-32b..."
 N, ROUNDS, DEADLINE_S, SLOW_S = 3, 6, 0.3, 0.7
@@ -62,50 +62,35 @@ def _peers(algorithm: str, **settings: object) -> list[Peer]:
     return peers
 
 
-def _slow_first_round(peer: Peer) -> list[int]:
-    """Make ``peer``'s round-1 message come SLOW_S late; returns the rounds it published."""
-    published: list[int] = []
-    mode = peer.mode
-    assert isinstance(mode, SyncRound)
-    original = mode._message_locked
-
-    def slow():  # type: ignore[no-untyped-def]
-        if peer.round == 1:
-            time.sleep(SLOW_S)  # a worker thread: the peer's server keeps answering
-        published.append(peer.round)
-        return original()
-
-    mode._message_locked = slow  # type: ignore[method-assign]
-    return published
+def _slow_second_step(step: int, loss: float) -> None:
+    """A step callback (``Peer.run``'s, in a worker thread: the peer's server keeps answering)
+    that holds the peer SLOW_S after its second step, so its round-1 message comes late."""
+    if step == 2:
+        time.sleep(SLOW_S)
 
 
-async def _run(peers: list[Peer]) -> None:
+async def _run(peers: list[Peer], slow: Peer) -> None:
     async with contextlib.AsyncExitStack() as stack:
         for peer in peers:
             await peer.start()
             stack.push_async_callback(peer.stop)
         for peer in peers:
             assert await peer.wait_for_members(N - 1, timeout_s=10)
-        await asyncio.gather(*(peer.run(ROUNDS) for peer in peers))
+        await asyncio.gather(
+            *(
+                peer.run(ROUNDS, callbacks=[_slow_second_step] if peer is slow else [])
+                for peer in peers
+            )
+        )
         await asyncio.sleep(DEADLINE_S)  # let the last pushes land
         for peer in peers:
             await peer.settle()
 
 
-def _count_late(peers: list[Peer]) -> list[int]:
-    """How many late messages each ``late`` hand-over carried, over all peers."""
-    counts: list[int] = []
-    for peer in peers:
-        mode = peer.mode
-        assert isinstance(mode, SyncRound)
-        original = mode._late_locked
-
-        def spy(late, t, original=original):  # type: ignore[no-untyped-def]
-            counts.append(len(late))
-            return original(late, t)
-
-        mode._late_locked = spy  # type: ignore[method-assign]
-    return counts
+def _missed(peers: list[Peer]) -> int:
+    """Neighbours' messages that had not arrived when their round mixed, over all peers (each
+    counts as a failed exchange in the peer's health, ``gossipnet_exchanges``)."""
+    return sum(peer.health.exchanges_failed for peer in peers)
 
 
 @pytest.mark.parametrize("codec", ["none", "fp16"])
@@ -114,11 +99,9 @@ async def test_choco_keeps_the_average_when_a_peer_misses_the_deadline(
 ) -> None:
     peers = _peers("choco", compressor=codec, consensus_step=0.5)
     initial = torch.stack([p.flat.vector.detach().clone() for p in peers])
-    counts = _count_late(peers)
-    _slow_first_round(peers[2])
-    await _run(peers)
+    await _run(peers, slow=peers[2])
     final = torch.stack([p.flat.vector.detach() for p in peers])
-    assert sum(counts) > 0, "no message was late: the slow peer did not miss a deadline"
+    assert _missed(peers) > 0, "no message was late: the slow peer did not miss a deadline"
     assert "more than" not in caplog.text  # nothing was dropped
     torch.testing.assert_close(final.mean(0), initial.mean(0), rtol=0, atol=1e-5)
     # and the peers did mix: they are closer together than at the start
@@ -128,10 +111,8 @@ async def test_choco_keeps_the_average_when_a_peer_misses_the_deadline(
 async def test_push_sum_conserves_mass_when_a_peer_misses_the_deadline() -> None:
     peers = _peers("push-sum")
     initial = torch.stack([p.flat.vector.detach().clone() for p in peers])
-    counts = _count_late(peers)
-    _slow_first_round(peers[2])
-    await _run(peers)
-    assert sum(counts) > 0, "no message was late: the slow peer did not miss a deadline"
+    await _run(peers, slow=peers[2])
+    assert _missed(peers) > 0, "no message was late: the slow peer did not miss a deadline"
     weights = torch.cat([p.gossip_state.weight for p in peers])
     numerators = torch.stack([p.gossip_state.x for p in peers])
     # late mass was added, none lost or counted twice: sum w = n, sum x = the start's sum

@@ -257,23 +257,32 @@ def test_bad_flags_exit_2_with_one_clear_line(
 
 
 def test_the_issue_15_launch_commands_are_refused_before_any_process_starts(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A real ``gossipnet launch`` process: one stderr line, exit 2, and no peer started
-    (nothing written to its run directory)."""
-    for args in (
-        ["--peers", "3", "--aggregator", "trimmed-mean:b=1", "--steps", "200"],
-        ["--peers", "4", "--algorithm", "dpsgd", "--topology", "ring", "--aggregator", "krum:f=1"],
-    ):
-        run_dir = tmp_path / args[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "gossipnet", "launch", *args, "--dir", str(run_dir)],
-            capture_output=True, text=True, cwd=ROOT, timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 2
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "--aggregator:" in lines[0] and "cannot run" in lines[0]
-        assert not run_dir.exists() or not any(run_dir.iterdir())
+    """One stderr line, exit 2, and no peer started (nothing written to its run directory):
+    a real ``gossipnet launch`` process for the first command, the entry point in this
+    process for the second (the same checks, without a Python start-up)."""
+    from gossipnet.cli import main
+
+    first = ["--peers", "3", "--aggregator", "trimmed-mean:b=1", "--steps", "200"]
+    run_dir = tmp_path / "first"
+    result = subprocess.run(
+        [sys.executable, "-m", "gossipnet", "launch", *first, "--dir", str(run_dir)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--aggregator:" in lines[0] and "cannot run" in lines[0]
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+    second = ["--peers", "4", "--algorithm", "dpsgd", "--topology", "ring", "--aggregator",
+              "krum:f=1"]  # fmt: skip
+    run_dir = tmp_path / "second"
+    with pytest.raises(SystemExit) as info:
+        main(["launch", *second, "--dir", str(run_dir)])
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--aggregator:" in lines[0] and "cannot run" in lines[0]
+    assert not run_dir.exists() or not any(run_dir.iterdir())
 
 
 def test_status_of_an_unreachable_peer_exits_1(cache: str) -> None:
@@ -443,21 +452,27 @@ def test_a_failed_peer_always_has_a_reason(tmp_path: Path) -> None:
     assert results["peers"][3]["state"] == "stopped"
 
 
-def test_launch_save_model_writes_the_swarm_average(tmp_path: Path, cache: str) -> None:
+def test_launch_save_model_and_log_dir_write_the_swarm_average_and_every_record(
+    tmp_path: Path, cache: str
+) -> None:
+    """One two-peer launch with ``--save-model`` and ``--log-dir``: the saved model is the
+    average of the peers' models, and each peer's record and the swarm's are kept."""
     from safetensors.torch import load_file
 
     from peer.app.export import load_model
 
     target = tmp_path / "swarm.safetensors"
     run_dir = tmp_path / "run"
+    logs = tmp_path / "logs"
     result = subprocess.run(
-        gossipnet("launch", "--peers", "2", "--steps", "30", "--dataset",
+        gossipnet("launch", "--peers", "2", "--steps", "20", "--dataset",
                   "synthetic:num_samples=400", "--dir", str(run_dir), "--save-model", str(target),
-                  "--json"),
+                  "--log-dir", str(logs), "--progress", "none", "--json"),
         capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(result.stdout.splitlines()[-1])
+    # --save-model: the swarm's average
     assert results["model"] == str(target)
     assert f"saved the average of 2 peers' models to {target}" in result.stderr
     peers = [load_file(run_dir / f"peer-{i}.safetensors") for i in range(2)]
@@ -467,18 +482,7 @@ def test_launch_save_model_writes_the_swarm_average(tmp_path: Path, cache: str) 
         torch.testing.assert_close(tensor, (peers[0][name] + peers[1][name]) / 2)
     model = load_model(target)
     assert model(torch.zeros(3, 20)).shape == (3, 10)
-
-
-def test_launch_log_dir_keeps_each_peers_record_and_the_swarms(tmp_path: Path, cache: str) -> None:
-    logs = tmp_path / "logs"
-    result = subprocess.run(
-        gossipnet("launch", "--peers", "2", "--steps", "20", "--dataset",
-                  "synthetic:num_samples=400", "--dir", str(tmp_path / "run"), "--log-dir",
-                  str(logs), "--progress", "none", "--json"),
-        capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=200,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    results = json.loads(result.stdout.splitlines()[-1])
+    # --log-dir: each peer's record and the swarm's
     accuracy = {peer["id"]: peer["test_accuracy"] for peer in results["peers"]}
     for name in ("peer-0", "peer-1"):  # each peer's own --log-dir: a row per status line
         rows = read_rows(logs / name / "metrics.csv")

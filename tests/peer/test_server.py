@@ -8,6 +8,7 @@ refused input leaves the model's bytes and the membership exactly as they were.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -56,10 +57,12 @@ async def served_peer(
     *,
     width: int = 4,
     limits: ServerLimits | None = None,
+    linger_s: float | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Served]:
     """A started peer with a ``Linear(width, 2)`` model (``2 width + 2`` parameters), also
-    served through ``make_runner`` (within ``limits``, default the peer's) on its own port."""
+    served through ``make_runner`` (within ``limits``, default the peer's; ``linger_s``, if
+    given, replaces theirs) on its own port."""
     overrides.setdefault("secret", SECRET)
     overrides.setdefault("request_timeout_s", 5.0)
     config = PeerConfig(peer_id=peer_id, **overrides)
@@ -69,6 +72,8 @@ async def served_peer(
     # across a restart): let that millisecond pass before a test signs its first request
     await asyncio.sleep(0.002)
     try:
+        if linger_s is not None:
+            limits = dataclasses.replace(limits or ServerLimits.of(peer), linger_s=linger_s)
         runner = make_runner(peer, limits)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -167,24 +167,17 @@ def test_cli_run_writes_jsonl_and_csv(tmp_path: Path) -> None:
     assert (tmp_path / "out.csv").read_text().splitlines()[0].startswith("algorithm,round,time")
 
 
-def test_cli_compare_draws_one_figure_for_several_algorithms(tmp_path: Path) -> None:
+def test_cli_compare_draws_one_figure_for_several_algorithms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the command's entry point in this process (``sim compare`` runs as a real
+    process in tests/sim/test_sweep.py)."""
     text = SMALL.replace("count = 1", "count = 0")
     path = write(tmp_path, text)
-    result = gossipnet(
-        "compare",
-        str(path),
-        "--quiet",
-        "--rounds",
-        "3",
-        "--algorithms",
-        "dpsgd,allreduce",
-        "--plot",
-        "cmp.png",
-        "--jsonl",
-        "cmp.jsonl",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
+    monkeypatch.chdir(tmp_path)
+    argv = ["sim", "compare", str(path), "--quiet", "--rounds", "3", "--algorithms",
+            "dpsgd,allreduce", "--plot", "cmp.png", "--jsonl", "cmp.jsonl"]  # fmt: skip
+    assert exit_code(argv) == 0
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     names = {r.algorithm for r in read_jsonl(tmp_path / "cmp.jsonl")}
     assert names == {"dpsgd", "allreduce"}

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -42,6 +43,7 @@ topology = "ring"
 GOSSIPNET_SIM_RUN = [sys.executable, "-m", "gossipnet", "sim", "run"]
 
 
+@pytest.mark.slow
 def test_two_runs_of_one_experiment_in_fresh_processes_are_bit_identical(tmp_path: Path) -> None:
     path = tmp_path / "experiment.toml"
     path.write_text(EXPERIMENT)

@@ -384,7 +384,7 @@ def test_sparse_mix_in_row_blocks_equals_one_product_and_finds_a_late_nan(
         values,
         beta=0,
     )
-    monkeypatch.setattr(mixing, "_MIX_CHUNK_BYTES", 1)  # one receiver per block
+    monkeypatch.setattr(mixing, "MIX_CHUNK_BYTES", 1)  # one receiver per block
     mixed = mixing.sparse_mix(values, index, weight, mask)
     assert mixed is not None
     torch.testing.assert_close(mixed, whole, rtol=0, atol=0)

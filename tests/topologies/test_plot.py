@@ -15,17 +15,17 @@ from hypothesis import strategies as st
 from topologies.plot import (
     LARGEST_NODE,
     SMALLEST_NODE,
-    _label_size,
-    _layout,
     draw,
+    label_size,
     node_diameter,
+    node_positions,
     node_spacing,
 )
 
 
 @given(st.integers(min_value=2, max_value=3000))
 def test_spacing_on_a_circle_is_the_chord_between_consecutive_nodes(n: int) -> None:
-    xy = _layout(nx.cycle_graph(n), "circular", seed=0)
+    xy = node_positions(nx.cycle_graph(n), "circular", seed=0)
     assert node_spacing(xy) == pytest.approx(2 * math.sin(math.pi / n), rel=1e-6)
 
 
@@ -42,7 +42,7 @@ def test_markers_stay_apart_unless_at_the_smallest_size(spacing: float, scale: f
 
 @given(st.integers(min_value=2, max_value=200), st.floats(min_value=1.0, max_value=20.0))
 def test_node_numbers_fit_inside_their_marker(nodes: int, diameter: float) -> None:
-    size = _label_size(nodes, diameter)
+    size = label_size(nodes, diameter)
     if size is None:
         return
     assert nodes <= 64 and size >= 5.0

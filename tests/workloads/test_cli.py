@@ -1,4 +1,4 @@
-"""``gossipnet workloads`` as a real OS process."""
+"""``gossipnet workloads``: ``list`` and a mistake as real OS processes, the rest in-process."""
 
 from __future__ import annotations
 
@@ -36,20 +36,13 @@ def test_list_shows_every_registered_name_and_parameter() -> None:
     assert "path=(required)" in result.stdout
 
 
-def test_inspect_prints_sizes_skew_and_parameter_count() -> None:
-    result = gossipnet(
-        "inspect",
-        "--dataset",
-        "synthetic:num_samples=1000,num_classes=10,seed=0",
-        "--partition",
-        "shards:shards_per_peer=1",
-        "--peers",
-        "8",
-        "--model",
-        "mlp-100k",
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_inspect_prints_sizes_skew_and_parameter_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process (``list`` and a mistake run as real processes)."""
+    dataset = "synthetic:num_samples=1000,num_classes=10,seed=0"
+    argv = ["inspect", "--dataset", dataset, "--partition", "shards:shards_per_peer=1",
+            "--peers", "8", "--model", "mlp-100k"]  # fmt: skip
+    assert main(argv, "gossipnet workloads") == 0
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
         "dataset    Dataset(name='synthetic', train=800, test=200, input_shape=(20,), num_classes=10)"
     )
