@@ -118,10 +118,14 @@ def test_launch_passes_every_setting_through_to_its_peers(tmp_path: Path) -> Non
         **{name: None for name in ("algorithm", "mode", "fanout", "round_deadline_s",
                                    "topology", "topology_weights", "device",
                                    "max_serving_share", "log_level")},
-        **values, dataset="synthetic", partition="iid", model="mlp", batch_size=8, lr=0.1,
-        momentum=0.0, seed=0, steps=10, checkpoint_every=0, peers=2, peer_args="",
+        **values, dataset="synthetic", partition="iid", model="mlp", batch_size=8,
+        optimizer="adamw", lr=0.1, momentum=None, weight_decay=0.01, seed=0, steps=10,
+        checkpoint_every=0, peers=2, peer_args="",
     )  # fmt: skip
     flags = peer_flags(args, 0, tmp_path, secret_file=None, peer_file=None)
     for name, value in values.items():
         at = flags.index(setting(name).flag)
         assert flags[at + 1] == str(value)
+    for flag, value in (("--optimizer", "adamw"), ("--weight-decay", "0.01"), ("--lr", "0.1")):
+        assert flags[flags.index(flag) + 1] == value
+    assert "--momentum" not in flags  # not given: the peer takes its optimizer's default
