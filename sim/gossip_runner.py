@@ -30,9 +30,10 @@ generic path (a stateful rule, push-sum, CHOCO) holds the whole ``[n, k, m]`` in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,23 @@ def _row_tensors(state: Any, n: int) -> list[Tensor]:
         if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == n:
             unique.setdefault(id(value), value)
     return list(unique.values())
+
+
+@contextlib.contextmanager
+def keeping_rows(state: Any, n: int, rows: Tensor) -> Iterator[None]:
+    """Rows ``rows`` of every per-node tensor of ``state`` come out of the block as they went
+    in (nodes that keep their state for an exchange: dead, or too few neighbours for the
+    rule). State the block creates (an outer optimizer's first step) is zero in those rows:
+    a node that has never stepped holds zero momentum and moments."""
+    saved = [(t, t[rows].clone()) for t in _row_tensors(state, n)]
+    yield
+    with torch.no_grad():
+        for tensor, value in saved:
+            tensor[rows] = value
+        known = {id(tensor) for tensor, _ in saved}
+        for tensor in _row_tensors(state, n):
+            if id(tensor) not in known:
+                tensor[rows] = 0
 
 
 @dataclass
@@ -291,17 +309,8 @@ class SynchronousGossip:
         if bool(lost.any()):
             late = torch.where(lost, weights, 0.0).unsqueeze(-1) * received
             self._late = late.sum(dim=1)
-        saved = [(t, t[rows].clone()) for t in _row_tensors(self.state, ctx.n)]
-        self.algorithm.combine(self.state, sent, received, weights, mask, self_weight)
-        with torch.no_grad():
-            for tensor, value in saved:
-                tensor[rows] = value
-            known = {id(tensor) for tensor, _ in saved}
-            for tensor in _row_tensors(self.state, ctx.n):
-                if id(tensor) not in known:
-                    # state the combine created (an outer optimizer's first step): a node
-                    # that kept its state has never stepped, and zero is that state
-                    tensor[rows] = 0
+        with keeping_rows(self.state, ctx.n, rows):
+            self.algorithm.combine(self.state, sent, received, weights, mask, self_weight)
         if batch is not None:
             self.trainer.step_with(grads, alive)
         return sent_bytes, losses

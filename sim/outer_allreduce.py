@@ -21,7 +21,7 @@ from torch import Tensor
 
 from gossip.outer import DiLoCo
 from sim.algorithms import Context
-from sim.gossip_runner import SynchronousGossip, _row_tensors
+from sim.gossip_runner import SynchronousGossip, keeping_rows
 from sim.network import ring_allreduce_time
 from topologies.schedules import Static
 
@@ -59,17 +59,9 @@ class OuterAllReduce(SynchronousGossip):
         mean = message[members].mean(dim=0)
         received = mean.expand(ctx.n, 1, -1)  # a view: no [n, d] copy
         weights = torch.ones((ctx.n, 1), dtype=message.dtype, device=message.device)
-        rows = (~alive).nonzero().squeeze(1)
-        saved = [(t, t[rows].clone()) for t in _row_tensors(self.state, ctx.n)]
-        # own weight 1 - 1 = 0: every peer takes the mean itself
-        self.algorithm.combine(self.state, message, received, weights)
-        with torch.no_grad():
-            for tensor, value in saved:
-                tensor[rows] = value
-            known = {id(tensor) for tensor, _ in saved}
-            for tensor in _row_tensors(self.state, ctx.n):
-                if id(tensor) not in known:
-                    tensor[rows] = 0
+        # own weight 1 - 1 = 0: every live peer takes the mean itself; a dead one keeps its state
+        with keeping_rows(self.state, ctx.n, (~alive).nonzero().squeeze(1)):
+            self.algorithm.combine(self.state, message, received, weights)
         if p > 1:
             sent_bytes[members.cpu().numpy()] = 2 * (p - 1) / p * ctx.model_bytes
         return sent_bytes, None
