@@ -10,15 +10,18 @@ accepted. Every failure is a schema mismatch (the schema or the server is wrong)
 
 Two allowances: a schema-valid exchange refused ``422 shape_mismatch`` or
 ``dtype_mismatch`` is not a mismatch, since the schema cannot know the receiving peer's
-model (its length and dtype); nor is a ``chunked-topk`` payload whose ``k`` exceeds its
-``chunk`` refused ``400 malformed_body``: a rule between two fields, which JSON Schema cannot
-state (the schema states it in the codec's description), checked on the payload drawn. Its ``ignored_auth`` check is not run: it assumes the
+model (its length and dtype); nor is a payload refused ``400 malformed_body`` for a rule
+JSON Schema cannot state (the schema states it in the codec's description): a
+``chunked-topk`` ``k`` beyond its ``chunk`` (a rule between two fields) or a negative qsgd
+scale (a rule on the content of bytes), each checked on the payload drawn. Its ``ignored_auth`` check is not run: it assumes the
 generated ``Authorization`` header is junk, and here every request is signed correctly.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import struct
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,21 @@ def _k_beyond_chunk(body: Any) -> bool:
         return False
     k, chunk = payload.get("k"), payload.get("chunk")
     return isinstance(k, int) and isinstance(chunk, int) and k > chunk
+
+
+def _negative_scale(body: Any) -> bool:
+    """Whether a drawn exchange carries a qsgd payload whose ``scale`` bytes (float32, as
+    sent: the serializer turns the drawn string into bytes) hold a negative or non-finite
+    scale, which the schema states in words but cannot check (it cannot look into bytes)."""
+    payload = body.get("payload") if isinstance(body, dict) else None
+    if not isinstance(payload, dict) or payload.get("codec") != "qsgd":
+        return False
+    scale = payload.get("scale")
+    raw = scale.encode("utf-8", "surrogatepass") if isinstance(scale, str) else scale
+    if not isinstance(raw, bytes | bytearray) or len(raw) % 4:
+        return False
+    values = struct.unpack(f"<{len(raw) // 4}f", raw)
+    return any(not math.isfinite(v) or v < 0 for v in values)
 
 
 def _binary_fields(value: Any) -> Any:
@@ -212,7 +230,7 @@ def openapi_fuzz(
                     "rejected" in title.lower()
                     and response.status_code == 400
                     and code == "malformed_body"
-                    and _k_beyond_chunk(case.body)
+                    and (_k_beyond_chunk(case.body) or _negative_scale(case.body))
                 ):
                     cross_field += 1
                     continue
@@ -257,7 +275,8 @@ def openapi_fuzz(
         "statuses "
         + ", ".join(f"{s} x{n}" for s, n in sorted(statuses.items()))
         + f"; {allowed} schema-valid exchanges refused for the model's size or dtype, "
-        f"{cross_field} for a chunked-topk k beyond its chunk (allowed)"
+        f"{cross_field} for a rule the schema cannot check (a chunked-topk k beyond its "
+        "chunk, a negative qsgd scale inside its bytes) (allowed)"
     )
     for (label, title, answer), count in mismatches.most_common():
         row.notes.append(
