@@ -78,7 +78,7 @@ from torch import Tensor
 from consensus import Aggregator
 from gossip.algorithms import RoundPlan, _aggregator, _check_model, _compressor
 from gossip.compression import Compressor
-from topologies.spec_grammar import parse_spec
+from topologies.spec_grammar import parse_spec, typed_value
 
 __all__ = [
     "OUTER_OPTIMIZERS",
@@ -143,23 +143,18 @@ OUTER_OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], dict[str
 element-wise, so one optimizer over the stacked ``[n, d]`` slow weights is n optimizers."""
 
 
-def _convert(name: str, key: str, kind: type, text: Any) -> Any:
-    if isinstance(text, kind) and not (kind is not bool and isinstance(text, bool)):
-        return text
-    value = str(text).strip().lower()
-    if kind is bool:
-        if value not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"{name}: {key} must be true or false; got {text!r}")
-        return value in ("true", "1", "yes")
+def _convert(name: str, key: str, kind: type, text: str) -> Any:
     try:
-        return kind(value)
+        return typed_value(text, kind)
     except ValueError:
-        raise ValueError(f"{name}: {key} must be a {kind.__name__}; got {text!r}") from None
+        what = "true or false" if kind is bool else f"a {kind.__name__}"
+        raise ValueError(f"{name}: {key} must be {what}; got {text!r}") from None
 
 
-def check_outer_optimizer(spec: str) -> tuple[str, dict[str, Any]]:
+def check_outer_optimizer(spec: str, *, heavy_ball: bool = False) -> tuple[str, dict[str, Any]]:
     """``(name, options)`` of an outer-optimizer spec such as ``"sgd:lr=0.7,momentum=0.9,
     nesterov=true"``, every option filled in; a ``ValueError`` naming the bad part otherwise.
+    ``heavy_ball``: only SGD with plain momentum will do (NoLoCo's outer step).
 
     >>> check_outer_optimizer("sgd:lr=0.7,momentum=0.9,nesterov=true")[1]["nesterov"]
     True
@@ -182,6 +177,11 @@ def check_outer_optimizer(spec: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"{name}: lr must be a finite number > 0; got {lr!r}")
     if options["weight_decay"] < 0:
         raise ValueError(f"{name}: weight_decay must be >= 0; got {options['weight_decay']!r}")
+    if heavy_ball and (name != "sgd" or options["nesterov"]):
+        raise ValueError(
+            "noloco's outer step is SGD with (heavy-ball) momentum, e.g. "
+            f"'sgd:lr=0.7,momentum=0.5'; got {spec!r}"
+        )
     if name == "sgd":
         if not 0 <= options["momentum"] < 1:
             raise ValueError(f"sgd: momentum must be in [0, 1); got {options['momentum']!r}")
@@ -492,12 +492,10 @@ class NoLoCo(DiLoCo):
         aggregator: Aggregator | None = None,
         compressor: Compressor | None = None,
     ) -> None:
-        optimizer, options = check_outer_optimizer(outer_optimizer)
-        if optimizer != "sgd" or options["nesterov"]:
-            raise ValueError(
-                "outer_optimizer: NoLoCo's outer step is SGD with (heavy-ball) momentum; "
-                f"got {outer_optimizer!r}"
-            )
+        try:
+            _, options = check_outer_optimizer(outer_optimizer, heavy_ball=True)
+        except ValueError as error:
+            raise ValueError(f"outer_optimizer: {error}") from None
         gamma = consensus_step
         if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
             raise ValueError(f"consensus_step must be in (0, 1]; got {gamma!r}")

@@ -179,12 +179,8 @@ def _compressor(value: Any, algorithm: str) -> str:
 
 
 def _outer_optimizer(value: Any, algorithm: str) -> str:
-    name, options = check_outer_optimizer(value)  # its ValueError names the bad part
-    if algorithm == "noloco" and (name != "sgd" or options["nesterov"]):
-        raise ValueError(
-            "noloco's outer step is SGD with (heavy-ball) momentum, e.g. "
-            f"'sgd:lr=0.7,momentum=0.5'; got {value!r}"
-        )
+    # its ValueError names the bad part
+    check_outer_optimizer(value, heavy_ball=algorithm == "noloco")
     return str(value)
 
 

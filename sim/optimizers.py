@@ -22,6 +22,7 @@ from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
 from sim.batched import BatchedPeers
+from workloads.optimizers import LOCAL_OPTIMIZERS
 
 
 def build_optimizer(
@@ -69,7 +70,8 @@ def _check_hyperparameters(lr: float, momentum: float, weight_decay: float) -> N
         raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
 
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = LOCAL_OPTIMIZERS
+"""The local optimizers by name, the same names a peer takes (``workloads.optimizers``)."""
 
 
 class RowOptimizer:

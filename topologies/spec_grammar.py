@@ -13,6 +13,8 @@ data set, a partition, a model) and optionally its parameters::
   a digit; each KEY at most once.
 * VALUE is the non-empty text up to the next ``,`` (it may hold ``=``); the registry
   converts it to the parameter's type.
+* A registry reads a VALUE as its parameter's type with :func:`typed_value` (a bool is
+  ``true``/``false``, ``1``/``0`` or ``yes``/``no``, in any case).
 * Spaces around NAME, KEY and VALUE are ignored; ``NAME:`` with nothing after the ``:`` is
   ``NAME``. An empty item (``a=1,,b=2``, a trailing ``,``), an item without ``=``, and an
   empty KEY or VALUE are errors.
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SpecError", "parse_spec"]
+__all__ = ["SpecError", "parse_spec", "typed_value"]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -93,3 +95,24 @@ def parse_spec(spec: object, what: str) -> tuple[str, dict[str, str]]:
             raise SpecError(what, spec, f"parameter {key!r} is given twice", key=key)
         params[key] = value
     return name, params
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+def typed_value(text: str, kind: type) -> object:
+    """A spec's VALUE ``text`` as ``kind``: a bool from ``true``/``false``, ``1``/``0`` or
+    ``yes``/``no`` (any case), anything else by ``kind(text)``; a ``ValueError`` when it is
+    not one (the registry names the parameter in its own message).
+
+    >>> typed_value(" Yes", bool), typed_value("0.5", float)
+    (True, 0.5)
+    """
+    text = text.strip()
+    if kind is bool:
+        lowered = text.lower()
+        if lowered not in _TRUE | _FALSE:
+            raise ValueError(text)
+        return lowered in _TRUE
+    return kind(text)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from topologies.spec_grammar import parse_spec as parse_grammar
+from topologies.spec_grammar import typed_value
 
 T = TypeVar("T")
 
@@ -48,14 +49,8 @@ class Param:
         if self.optional and isinstance(value, str) and value.strip().lower() in {"none", ""}:
             return None  # "cache_dir=none" in a spec string
         if isinstance(value, str) and self.type is not str:
-            text = value.strip()
             try:
-                if self.type is bool:
-                    lowered = text.lower()
-                    if lowered not in {"true", "false", "1", "0", "yes", "no"}:
-                        raise ValueError(text)
-                    return lowered in {"true", "1", "yes"}
-                return self.type(text)
+                return typed_value(value, self.type)
             except ValueError:
                 raise ValueError(
                     f"{owner}: parameter {name!r} must be a {self.type.__name__}, got {value!r}"

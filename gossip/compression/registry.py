@@ -21,7 +21,7 @@ from gossip.compression.feedback import ErrorFeedback
 from gossip.compression.quantization import StochasticQuantization
 from gossip.compression.sparse import RandomK, TopK
 from gossip.compression.wire_dtypes import read_field
-from topologies.spec_grammar import parse_spec
+from topologies.spec_grammar import parse_spec, typed_value
 
 __all__ = ["COMPRESSORS", "CompressorInfo", "build_compressor", "decode"]
 
@@ -93,12 +93,7 @@ COMPRESSORS: dict[str, CompressorInfo] = {
 
 def _convert(name: str, key: str, kind: type, text: str) -> Any:
     try:
-        if kind is bool:
-            lowered = text.lower()
-            if lowered not in {"true", "false", "1", "0", "yes", "no"}:
-                raise ValueError
-            return lowered in {"true", "1", "yes"}
-        return kind(text)
+        return typed_value(text, kind)
     except ValueError:
         raise ValueError(
             f"compressor {name!r} parameter {key!r} must be {kind.__name__}, got {text!r}"

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.app.peer_flags import add_optimizer_flags
+from peer.app.peer_flags import add_optimizer_flags, check_optimizer_flags
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
@@ -57,7 +57,6 @@ from peer.node.logbook import Logbook, LogbookError, check_log_dir
 from peer.node.topology import topology_names
 from workloads.baseline import CentralizedResult
 from workloads.cache import default_cache_dir
-from workloads.optimizers import check_local_optimizer
 
 DEMO_DEFAULTS = (
     "--peers", "4", "--dataset", "mnist1d:num_samples=4000", "--model", "mlp",
@@ -176,11 +175,9 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.batch_size < 1:
         parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
     try:
-        check_local_optimizer(
-            args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
-        )
+        check_optimizer_flags(args)
     except ValueError as error:
-        parser.error("--" + str(error).replace("_", "-", 1))
+        parser.error(str(error))
     try:
         shlex.split(args.peer_args)
     except ValueError as error:

@@ -14,7 +14,7 @@ from peer.app.usage import (
 )
 from peer.node.config import ALGORITHMS, MODES, PeerConfig
 from peer.node.topology import topology_names
-from workloads.optimizers import LOCAL_OPTIMIZERS, SGD_MOMENTUM
+from workloads.optimizers import LOCAL_OPTIMIZERS, SGD_MOMENTUM, check_local_optimizer
 
 __all__ = ["CONFIG_FIELDS", "DEFAULT_DATASET", "NETWORK_FIELDS", "USER_CODE", "peer_parser"]
 
@@ -42,6 +42,18 @@ def add_optimizer_flags(group: argparse._ArgumentGroup) -> None:
         default=0.0,
         help="weight decay (default 0; adamw: decoupled)",
     )
+
+
+def check_optimizer_flags(args: argparse.Namespace) -> None:
+    """The local optimizer's flags checked together (``workloads.optimizers``: the momentum
+    is SGD's only); a ``ValueError`` whose message starts with the flag at fault."""
+    try:
+        check_local_optimizer(
+            args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
+        )
+    except ValueError as error:
+        field, _, reason = str(error).partition(": ")
+        raise ValueError(f"--{field.replace('_', '-')}: {reason}") from None
 
 
 def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from peer.app.peer_flags import check_optimizer_flags
 from peer.app.status import human_bytes
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.logbook import Logbook
@@ -35,7 +36,7 @@ from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
 from workloads import Dataset, build_model, cross_entropy, load_dataset, partition, peer_batches
-from workloads.optimizers import build_local_optimizer, check_local_optimizer
+from workloads.optimizers import build_local_optimizer
 
 
 def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
@@ -46,19 +47,13 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
-    name, lr, weight_decay = args.optimizer, args.lr, args.weight_decay
-    try:  # named by flag (the message starts with the field)
-        momentum = check_local_optimizer(
-            name, lr=lr, momentum=args.momentum, weight_decay=weight_decay
-        )
-    except ValueError as error:
-        raise ValueError("--" + str(error).replace("_", "-", 1)) from None
+    check_optimizer_flags(args)
+    name, lr, momentum, weight_decay = args.optimizer, args.lr, args.momentum, args.weight_decay
 
     def optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         return build_local_optimizer(
-            params, name, lr=lr, momentum=momentum if name == "sgd" else None,
-            weight_decay=weight_decay,
-        )  # fmt: skip
+            params, name, lr=lr, momentum=momentum, weight_decay=weight_decay
+        )
 
     batches = peer_batches(
         data,
