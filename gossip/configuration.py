@@ -42,6 +42,7 @@ from gossip.settings import (
     ConfigurationError,
     setting_fields,
 )
+from topologies.specs import parse_spec
 
 __all__ = [
     "ALGORITHM_FIELDS",
@@ -165,6 +166,27 @@ class GossipConfig:
         P to sum to one, CHOCO a symmetric W over fixed neighbours whose copies it keeps,
         NoLoCo the round's matching (``random-matching``)."""
         return self.algorithm in ("push-sum", "choco", "noloco")
+
+    def topology_caveat(self, topology: str | None) -> str | None:
+        """A line an operator must read when this algorithm on ``topology`` will not do what
+        its paper does (it still runs), else None. Both runners say it at start.
+
+        SparseLoCo applies the mixed sparse pseudo-gradients to each node's slow weights and
+        has no consensus term: only an exact mean (``complete``) keeps the nodes' slow
+        weights equal; on any other graph (or a peer's random neighbours) they drift apart.
+        """
+        if self.algorithm != "sparseloco":
+            return None
+        name = None if topology is None else parse_spec(topology)[0]
+        if name == "complete":
+            return None
+        where = "random neighbours" if topology is None else f"topology {topology!r}"
+        return (
+            f"sparseloco on {where}: its slow weights agree only under an exact mean "
+            "(topology 'complete', as published); here nothing pulls them together and the "
+            "nodes drift apart. To gossip, use noloco or diloco (compressor fp16, bf16 or "
+            "qsgd), or choco with a sparse codec"
+        )
 
     @property
     def pairwise(self) -> bool:

@@ -19,6 +19,7 @@ evaluation whenever the file names groups.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,9 @@ def build_schedule(config: ExperimentConfig) -> topologies.Schedule:
         algorithm.gossip.check_neighbourhood(honest_neighbourhood(schedule, honest), where=where)
     except ConfigurationError as error:
         raise _fail(f"algorithm.{error.field}", error.reason) from None
+    caveat = algorithm.gossip.topology_caveat(topology)
+    if caveat is not None:
+        warnings.warn(caveat, UserWarning, stacklevel=2)
     return schedule
 
 

@@ -178,7 +178,8 @@ class PeerContext:
 
     def warn_at_start(self) -> None:
         """Log what a starting peer's operator must know: a Byzantine peer, an open swarm
-        (no secret), floating-point buffers left out of averaging."""
+        (no secret), an algorithm on a topology it was not made for
+        (``GossipConfig.topology_caveat``), floating-point buffers left out of averaging."""
         if self.attack is not None:
             logger.warning(
                 "peer %s is BYZANTINE: every message it sends is the attack %r (for evaluating "
@@ -188,6 +189,9 @@ class PeerContext:
             )
         if self.secret is None:
             warn_open_swarm(self.peer_id)
+        caveat = self.config.gossip.topology_caveat(self.config.topology)
+        if caveat is not None:
+            logger.warning("peer %s: %s", self.peer_id, caveat)
         local = self.trainer.local_buffers
         if local:
             logger.warning(

@@ -219,3 +219,12 @@ def test_noloco_needs_a_topology_and_a_node_the_matching_leaves_out_still_steps(
     )
     # alone: m = -beta * Delta = +0.7, so phi = theta = 0.7
     torch.testing.assert_close(x[alone], torch.full((D,), 0.7))
+
+
+def test_sparseloco_names_the_topologies_it_drifts_on_and_no_other_rule_does() -> None:
+    sparse = GossipConfig("sparseloco")
+    assert sparse.topology_caveat("complete") is None
+    for topology, where in (("ring", "topology 'ring'"), (None, "random neighbours")):
+        caveat = sparse.topology_caveat(topology)
+        assert caveat is not None and caveat.startswith(f"sparseloco on {where}: ")
+    assert GossipConfig("diloco").topology_caveat("ring") is None

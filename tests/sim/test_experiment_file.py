@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,13 @@ def test_the_ring_with_byzantine_leaves_builds_and_runs() -> None:
 def test_an_experiment_dataclass_validates_groups_too() -> None:
     with pytest.raises(ConfigError, match=r"^groups\.a: peer 20 is outside"):
         ExperimentConfig(groups={"a": (20,)})
+
+
+def test_sparseloco_off_the_complete_graph_is_said_at_build_and_not_on_it() -> None:
+    ring = _with(DUMBBELL, algorithm__name="sparseloco", algorithm__topology="ring")
+    with pytest.warns(UserWarning, match=r"^sparseloco on topology 'ring': its slow weights"):
+        build_schedule(experiment_from_dict(ring))
+    complete = _with(ring, algorithm__topology="complete")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_schedule(experiment_from_dict(complete))
