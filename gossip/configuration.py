@@ -173,16 +173,15 @@ class GossipConfig:
 
         SparseLoCo applies the mixed sparse pseudo-gradients to each node's slow weights and
         has no consensus term: only an exact mean (``complete``) keeps the nodes' slow
-        weights equal; on any other graph (or a peer's random neighbours) they drift apart.
+        weights equal (a sync peer without a topology mixes every member: that graph); on any
+        other graph they drift apart.
         """
-        if self.algorithm != "sparseloco":
+        if self.algorithm != "sparseloco" or topology is None:
+            return None  # no topology: a sync peer mixes every member, the complete graph
+        if parse_spec(topology)[0] == "complete":
             return None
-        name = None if topology is None else parse_spec(topology)[0]
-        if name == "complete":
-            return None
-        where = "random neighbours" if topology is None else f"topology {topology!r}"
         return (
-            f"sparseloco on {where}: its slow weights agree only under an exact mean "
+            f"sparseloco on topology {topology!r}: its slow weights agree only under an exact mean "
             "(topology 'complete', as published); here nothing pulls them together and the "
             "nodes drift apart. To gossip, use noloco or diloco (compressor fp16, bf16 or "
             "qsgd), or choco with a sparse codec"

@@ -240,6 +240,9 @@ def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParse
                 parse_peer_args([*flags, *extra], raise_errors=True)
             except UsageError as error:
                 parser.error(f"--peer-args: {error}")
+    caveat = config.gossip.topology_caveat(args.topology)
+    if caveat is not None:
+        print(f"warning: {caveat}", file=sys.stderr)
     if not args.topology and config.mode == "sync":
         from gossip.settings import ConfigurationError
 
