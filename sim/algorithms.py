@@ -43,7 +43,8 @@ class OptimizerConfig(LocalOptimizer):
         """One torch optimizer over the stacked leaf ``params [n, d]`` (n per-peer ones:
         :func:`sim.optimizers.build_optimizer`), clipping each row's gradient and setting
         the learning rate of its ``t``-th step, counted from ``start``
-        (:func:`workloads.optimizers.attach_schedule`)."""
+        (:func:`workloads.optimizers.attach_schedule`). Like Adam's step count, ``t`` is
+        the optimizer's: a crashed or busy peer's schedule advances with the others'."""
         optimizer = build_optimizer(
             params,
             self.name,

@@ -7,7 +7,9 @@ per-peer optimizers (``tests/sim`` checks against :class:`sim.reference.Referenc
 crashed or busy peer does not step); :class:`BlockedOptimizer` runs gradient then step for one
 block of peers at a time, while the block is in cache, with the same result as one optimizer
 over all rows. :class:`RowOptimizer` steps chosen rows only, each with its own state, at a cost
-proportional to those rows (AD-PSGD's events, where a few peers step at a time).
+proportional to those rows (AD-PSGD's events, where a few peers step at a time). The
+learning-rate schedule and per-peer gradient clipping are ``workloads.optimizers``' (one
+``lr_at(t)``; :class:`sim.algorithms.OptimizerConfig` attaches them to what it builds).
 """
 
 from __future__ import annotations
@@ -97,12 +99,19 @@ class RowOptimizer:
     ``[n, d]`` tensor per kind, allocated at the first step. Per peer, equal to a torch
     optimizer of that peer alone (``tests/sim/test_row_optimizer.py``).
 
+    With a ``schedule`` (a :class:`workloads.optimizers.LocalOptimizer`), each row's gradient
+    is clipped to its ``clip_norm`` and each row steps at ``lr_at(t)`` of its OWN step count
+    t: every update above is η times the update at η = 1 (AdamW's decay ``η λ x`` too), so
+    the rows step at η = 1 and each row's change is scaled by its η, vectorized
+    (``tests/sim/test_optimizers_schedule.py``: equal to torch's LambdaLR per peer).
+
     Args:
         shape: ``(n, d)`` of the stacked leaf.
         name: ``"sgd"``, ``"adam"`` or ``"adamw"`` (Adam with decoupled weight decay).
         lr, momentum, weight_decay, nesterov: as :func:`build_optimizer`.
         betas, eps: Adam's.
         dtype, device: of the state (the leaf's).
+        schedule: the learning-rate schedule and clipping (``lr`` above is its peak).
     """
 
     def __init__(

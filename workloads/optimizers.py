@@ -104,20 +104,19 @@ OPTIMIZER_KEYS: dict[str, OptimizerKey] = {
         OptimizerKey("weight_decay", "weight decay, >= 0 (adamw: decoupled)"),
         OptimizerKey("schedule", "learning-rate schedule: " + ", ".join(SCHEDULES)),
         OptimizerKey("warmup_steps", "steps of linear warm-up before the schedule, >= 0"),
-        OptimizerKey(
-            "min_lr", "cosine: the learning rate at the end, in [0, lr]", schedules=("cosine",)
-        ),
+        OptimizerKey("min_lr", "the learning rate at the end, in [0, lr]", schedules=("cosine",)),
         OptimizerKey(
             "decay_steps",
-            "cosine: steps from the peak to min_lr after the warm-up (default: the run's "
-            "steps less the warm-up)",
+            "steps from the peak to min_lr after the warm-up (default: the run's steps "
+            "less the warm-up)",
             schedules=("cosine",),
         ),
+        OptimizerKey("gamma", "the factor every step_size steps, in (0, 1]", schedules=("step",)),
+        OptimizerKey("step_size", "steps between two decays, >= 1 (required)", schedules=("step",)),
         OptimizerKey(
-            "gamma", "step: the factor every step_size steps, in (0, 1]", schedules=("step",)
+            "clip_norm",
+            "clip each peer's gradient to this global L2 norm, > 0 (default: no clipping)",
         ),
-        OptimizerKey("step_size", "step: steps between two decays, >= 1", schedules=("step",)),
-        OptimizerKey("clip_norm", "clip each peer's gradient to this global L2 norm, > 0"),
     )
 }
 """Every key of the local optimizer (the ``[optimizer]`` table's keys; the flags are these

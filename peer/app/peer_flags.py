@@ -43,6 +43,12 @@ OPTIMIZER_FLAGS = tuple("optimizer" if key == "name" else key for key in OPTIMIZ
 
 _DEFAULTS = {"name": "sgd", "lr": 0.05, "weight_decay": 0.0}
 """The flags' defaults (the rest: not given; SGD's momentum then :data:`SGD_MOMENTUM`)."""
+_SHOWN_DEFAULTS = {
+    item.name: item.default
+    for item in fields(LocalOptimizer)
+    if item.default is not None and item.name not in ("nesterov", "decay_steps")
+}
+"""The defaults a flag's help shows (``--decay-steps`` says its own; ``--nesterov``: off)."""
 _METAVARS = {"betas": "B1,B2", "nesterov": "BOOL", "schedule": "NAME"}
 _TYPES: dict[str, type] = {
     "lr": float, "momentum": float, "eps": float, "weight_decay": float, "min_lr": float,
@@ -68,15 +74,14 @@ def add_optimizer_flags(group: argparse._ArgumentGroup) -> None:
         elif key.schedules != SCHEDULES:
             readers = f"{', '.join(key.schedules)} schedule only: "
         default = _DEFAULTS.get(key.name)
+        shown = _DEFAULTS.get(key.name, _SHOWN_DEFAULTS.get(key.name))
         if key.name == "momentum":
-            shown = f" (default {SGD_MOMENTUM:g})"
-        elif key.name == "schedule":
-            shown = " (default constant)"
-        elif default is not None:
-            shown = f" (default {default:g})" if not isinstance(default, str) else ""
-        else:
-            shown = ""
-        help_text = readers + key.help + shown
+            shown = SGD_MOMENTUM
+        if isinstance(shown, tuple):
+            shown = ",".join(f"{value:g}" for value in shown)
+        elif isinstance(shown, float | int) and not isinstance(shown, bool):
+            shown = f"{shown:g}"
+        help_text = readers + key.help + ("" if shown is None else f" (default {shown})")
         if key.name == "name":
             group.add_argument(
                 "--optimizer",
