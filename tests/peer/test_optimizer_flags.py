@@ -88,3 +88,25 @@ def test_a_cosine_schedule_of_a_peer_without_steps_needs_decay_steps(capsys):
     assert caught.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--decay-steps: the cosine schedule needs it" in lines[0], lines
+
+
+def test_a_checkpointed_peer_resumes_its_schedule_where_it_stopped(tmp_path):
+    from peer.node.training_state import load_training_state, save_training_state
+
+    argv = ["--id", "a", "--dataset", "synthetic:num_samples=64", "--steps", "10",
+            "--optimizer", "adamw", "--lr", "0.01", "--schedule", "cosine",
+            "--warmup-steps", "2"]  # fmt: skip
+    trainer = build_peer(*parse_peer_args(argv))[0].trainer
+    for _ in range(4):
+        trainer.gradient()
+        with trainer.lock:
+            trainer.optimizer_step()
+    with trainer.lock:
+        save_training_state(trainer, tmp_path, round=0, peer_id="a", keep=1)
+    resumed = build_peer(*parse_peer_args(argv))[0].trainer
+    load_training_state(resumed, tmp_path)
+    resumed.gradient()
+    with resumed.lock:
+        resumed.optimizer_step()
+    expected = LocalOptimizer("adamw", lr=0.01, schedule="cosine", warmup_steps=2, decay_steps=8)
+    assert resumed.optimizer.param_groups[0]["lr"] == expected.lr_at(4) != expected.lr_at(0)
