@@ -28,33 +28,39 @@ from sim.network import (
 )
 from sim.optimizers import RowOptimizer, build_optimizer, masked_step
 from workloads.batching import StackedBatchSampler
+from workloads.optimizers import LocalOptimizer, attach_schedule
 
 BYTES_PER_FLOAT32 = 4
 
 
 @dataclass(frozen=True)
-class OptimizerConfig:
-    """The local optimizer every peer runs (``sgd`` or ``adam``), validated on use."""
+class OptimizerConfig(LocalOptimizer):
+    """The ``[optimizer]`` table: the local optimizer every peer runs, with its schedule and
+    clipping (:class:`workloads.optimizers.LocalOptimizer`: the keys, their checks, the
+    learning rate at step t), built over all peers' stacked ``[n, d]`` parameters."""
 
-    name: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    nesterov: bool = False
-
-    def build(self, params: Tensor) -> torch.optim.Optimizer:
-        return build_optimizer(
+    def build(self, params: Tensor, *, start: int = 0) -> torch.optim.Optimizer:
+        """One torch optimizer over the stacked leaf ``params [n, d]`` (n per-peer ones:
+        :func:`sim.optimizers.build_optimizer`), clipping each row's gradient and setting
+        the learning rate of its ``t``-th step, counted from ``start``
+        (:func:`workloads.optimizers.attach_schedule`). Like Adam's step count, ``t`` is
+        the optimizer's: a crashed or busy peer's schedule advances with the others'."""
+        optimizer = build_optimizer(
             params,
             self.name,
             lr=self.lr,
             momentum=self.momentum,
             weight_decay=self.weight_decay,
             nesterov=self.nesterov,
+            betas=self.betas,
+            eps=self.eps,
         )
+        return attach_schedule(optimizer, self, rows=True, start=start)
 
     def build_rows(self, params: Tensor) -> RowOptimizer:
         """The same optimizer for each row of ``params [n, d]``, stepping chosen rows only
-        (:class:`sim.optimizers.RowOptimizer`; Adam counts each row's own steps)."""
+        (:class:`sim.optimizers.RowOptimizer`; Adam and the schedule count each row's own
+        steps)."""
         return RowOptimizer(
             (int(params.shape[0]), int(params.shape[1])),
             self.name,
@@ -62,8 +68,11 @@ class OptimizerConfig:
             momentum=self.momentum,
             weight_decay=self.weight_decay,
             nesterov=self.nesterov,
+            betas=self.betas,
+            eps=self.eps,
             dtype=params.dtype,
             device=params.device,
+            schedule=self,
         )
 
 
@@ -457,7 +466,8 @@ class FedAvg:
         chosen = chosen.to(ctx.device) & alive
         index = chosen.nonzero().squeeze(1)
         clients = self.model.expand(index.numel(), -1).clone()
-        optimizer = ctx.optimizer.build(clients)  # fresh local optimizer state each round
+        # fresh local optimizer state each round; the schedule goes on from the steps taken
+        optimizer = ctx.optimizer.build(clients, start=ctx.round * self.local_steps)
         losses = torch.full((1,), float("nan"), device=ctx.device)
         compute = np.zeros(ctx.n)
         for local in range(self.local_steps):

@@ -169,6 +169,18 @@ def build_schedule(config: ExperimentConfig) -> topologies.Schedule:
     return schedule
 
 
+def optimizer_steps_per_round(config: ExperimentConfig) -> int:
+    """How many times a round steps each local optimizer: the server's n pushes (the
+    asynchronous parameter server), EASGD's ``period``, else ``local_steps`` (1 where the
+    algorithm reads none); a cosine schedule without ``decay_steps`` decays over the run's."""
+    a = config.algorithm
+    if a.name == "async-parameter-server":
+        return config.workload.peers
+    if a.name == "easgd":
+        return int(a.setting("period"))
+    return int(a.setting("local_steps"))
+
+
 def build_algorithm(config: ExperimentConfig) -> Algorithm:
     """The algorithm object the config names."""
     a = config.algorithm
@@ -257,7 +269,7 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         sampler=StackedBatchSampler(parts, w.batch_size, seed=config.seed),
         x_train=data.x_train,
         y_train=data.y_train,
-        optimizer=config.optimizer,
+        optimizer=config.optimizer.for_run(config.rounds * optimizer_steps_per_round(config)),
         links=Links.uniform(
             w.peers,
             latency=net.latency,

@@ -35,12 +35,22 @@ A complete file (every key optional except where noted)::
     init = "same"                  # or "independent"
     cache_dir = "~/.cache/gossipnet"  # generated data sets (default: $GOSSIPNET_CACHE or this)
 
-    [optimizer]
+    [optimizer]                    # workloads.optimizers.LocalOptimizer; a key the optimizer
+                                   # or schedule does not read is an error
     name = "sgd"                   # or "adam", "adamw"
     lr = 0.1
-    momentum = 0.0
-    weight_decay = 0.0
-    nesterov = false
+    momentum = 0.0                 # sgd
+    nesterov = false               # sgd
+    betas = [0.9, 0.999]           # adam, adamw
+    eps = 1e-8                     # adam, adamw
+    weight_decay = 0.0             # adamw: decoupled
+    schedule = "constant"          # or "cosine", "step" (after warmup_steps of linear warm-up)
+    warmup_steps = 0
+    min_lr = 0.0                   # cosine
+    decay_steps = 1000             # cosine (default: the run's steps less the warm-up)
+    gamma = 0.1                    # step: lr x gamma every step_size steps
+    step_size = 100                # step
+    clip_norm = 1.0                # each peer's gradient clipped to this L2 norm
 
     [algorithm]
     name = "dpsgd"                 # see ALGORITHMS
@@ -113,7 +123,6 @@ from sim.algorithms import (
 )
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
-from sim.optimizers import OPTIMIZERS
 from sim.paths import resolve_experiment_paths
 from topologies.edgelist import graph_from_edges, read_edge_list
 from topologies.errors import TopologyError
@@ -617,10 +626,8 @@ class ExperimentConfig:
         if not isinstance(self.device, str) or DEVICE_PATTERN.fullmatch(self.device) is None:
             allowed = DEVICE_CHOICES.replace(" or ", ", ")
             raise _fail("device", f"got {self.device!r}; allowed: {allowed}")
-        _choice("optimizer.name", self.optimizer.name, OPTIMIZERS)
-        _float("optimizer.lr", self.optimizer.lr, 0.0, open_low=True)
-        _float("optimizer.momentum", self.optimizer.momentum, 0.0, 0.999999)
-        _float("optimizer.weight_decay", self.optimizer.weight_decay, 0.0)
+        if not isinstance(self.optimizer, OptimizerConfig):  # its own keys: checked when made
+            raise _fail("optimizer", f"must be an OptimizerConfig, got {self.optimizer!r}")
         n = self.workload.peers
         try:
             object.__setattr__(self, "groups", parse_groups(self.groups, n))
@@ -865,6 +872,13 @@ def experiment_from_dict(
                 for key in ("crashes", "links"):
                     if key in values:
                         values[key] = tuple(values[key])
+            if section == "optimizer":  # a key the optimizer or schedule does not read: refused
+                try:
+                    top[section] = OptimizerConfig.from_keys(values)
+                except ValueError as error:
+                    key, _, reason = str(error).partition(": ")
+                    raise _fail(f"optimizer.{key}", reason) from None
+                continue
             try:
                 top[section] = cls(**values)
             except TypeError as error:

@@ -7,7 +7,9 @@ per-peer optimizers (``tests/sim`` checks against :class:`sim.reference.Referenc
 crashed or busy peer does not step); :class:`BlockedOptimizer` runs gradient then step for one
 block of peers at a time, while the block is in cache, with the same result as one optimizer
 over all rows. :class:`RowOptimizer` steps chosen rows only, each with its own state, at a cost
-proportional to those rows (AD-PSGD's events, where a few peers step at a time).
+proportional to those rows (AD-PSGD's events, where a few peers step at a time). The
+learning-rate schedule and per-peer gradient clipping are ``workloads.optimizers``' (one
+``lr_at(t)``; :class:`sim.algorithms.OptimizerConfig` attaches them to what it builds).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.optim.adam import adam as adam_update
 from torch.optim.sgd import sgd as sgd_update
 
 from sim.batched import BatchedPeers
-from workloads.optimizers import LOCAL_OPTIMIZERS
+from workloads.optimizers import LOCAL_OPTIMIZERS, LocalOptimizer, clip_rows_
 
 
 def build_optimizer(
@@ -97,12 +99,19 @@ class RowOptimizer:
     ``[n, d]`` tensor per kind, allocated at the first step. Per peer, equal to a torch
     optimizer of that peer alone (``tests/sim/test_row_optimizer.py``).
 
+    With a ``schedule`` (a :class:`workloads.optimizers.LocalOptimizer`), each row's gradient
+    is clipped to its ``clip_norm`` and each row steps at ``lr_at(t)`` of its OWN step count
+    t: every update above is η times the update at η = 1 (AdamW's decay ``η λ x`` too), so
+    the rows step at η = 1 and each row's change is scaled by its η, vectorized
+    (``tests/sim/test_optimizers_schedule.py``: equal to torch's LambdaLR per peer).
+
     Args:
         shape: ``(n, d)`` of the stacked leaf.
         name: ``"sgd"``, ``"adam"`` or ``"adamw"`` (Adam with decoupled weight decay).
         lr, momentum, weight_decay, nesterov: as :func:`build_optimizer`.
         betas, eps: Adam's.
         dtype, device: of the state (the leaf's).
+        schedule: the learning-rate schedule and clipping (``lr`` above is its peak).
     """
 
     def __init__(
@@ -118,6 +127,7 @@ class RowOptimizer:
         eps: float = 1e-8,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        schedule: LocalOptimizer | None = None,
     ) -> None:
         _check_hyperparameters(lr, momentum, weight_decay)
         if name not in OPTIMIZERS:
@@ -136,6 +146,10 @@ class RowOptimizer:
         self.dtype, self.device = dtype, torch.device(device)
         self.state: dict[str, Tensor] = {}
         self.fused: bool | None = None  # decided at the first step
+        self.schedule = schedule if schedule is not None and schedule.scheduled else None
+        self.clip_norm = None if schedule is None else schedule.clip_norm
+        self._lrs = torch.empty(0, dtype=torch.float64)  # lr_at(t) for t < len, grown on use
+        self._counts = torch.zeros(self.shape[0], dtype=torch.int64)  # each row's steps
 
     def _state(self, key: str, shape: tuple[int, ...]) -> Tensor:
         if key not in self.state:
@@ -154,19 +168,47 @@ class RowOptimizer:
             )
         if m == 0:
             return values
+        if self.clip_norm is not None:
+            clip_rows_(grads, self.clip_norm)
         peers = rows.tolist()
         params, gradients = list(values.unbind(0)), list(grads.unbind(0))
         if self.fused is None:  # torch's choice for this device and dtype, as build_optimizer
             self.fused = True
             try:
-                self._update(params[:1], gradients[:1], peers[:1], probe=True)
+                self._update(params[:1], gradients[:1], peers[:1], self.lr, probe=True)
             except (RuntimeError, TypeError, ValueError):
                 self.fused = False
-        self._update(params, gradients, peers)
+        if self.schedule is None:
+            self._update(params, gradients, peers, self.lr)
+            return values
+        # each row at its own step's lr: every update is lr times the update at lr 1 (SGD,
+        # Nesterov, Adam; AdamW's decay too), so step at lr 1 and scale the change per row
+        counts = self._counts[rows.cpu()]
+        lrs = self._lr_table(int(counts.max()) + 1)[counts]
+        before = values.clone()
+        self._update(params, gradients, peers, 1.0)
+        scale = lrs.to(values.device, values.dtype).unsqueeze(1)
+        values.sub_(before).mul_(scale).add_(before)
+        self._counts[rows.cpu()] += 1
         return values
 
+    def _lr_table(self, length: int) -> Tensor:
+        """``lr_at(t)`` for ``t < length`` (at least), computed once per step index."""
+        assert self.schedule is not None
+        if self._lrs.numel() < length:
+            more = max(length, 2 * self._lrs.numel())
+            self._lrs = torch.tensor(
+                [self.schedule.lr_at(t) for t in range(more)], dtype=torch.float64
+            )
+        return self._lrs
+
     def _update(
-        self, params: list[Tensor], grads: list[Tensor], peers: list[int], probe: bool = False
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        peers: list[int],
+        lr: float,
+        probe: bool = False,
     ) -> None:
         """torch's functional update over one parameter per row (``probe``: on copies, to
         learn whether the fused kernel runs here)."""
@@ -185,7 +227,7 @@ class RowOptimizer:
                 buffers,
                 weight_decay=self.weight_decay,
                 momentum=self.momentum,
-                lr=self.lr,
+                lr=lr,
                 dampening=0.0,
                 nesterov=self.nesterov,
                 maximize=False,
@@ -212,7 +254,7 @@ class RowOptimizer:
             amsgrad=False,
             beta1=self.betas[0],
             beta2=self.betas[1],
-            lr=self.lr,
+            lr=lr,
             weight_decay=self.weight_decay,
             eps=self.eps,
             maximize=False,

@@ -17,7 +17,7 @@ from torch import nn
 
 from workloads.batching import peer_batches
 from workloads.datasets import Dataset
-from workloads.optimizers import build_local_optimizer
+from workloads.optimizers import SGD_MOMENTUM, LocalOptimizer
 from workloads.task import CLASSIFICATION, cross_entropy, evaluate
 
 
@@ -41,20 +41,21 @@ def train_centralized(
     *,
     steps: int,
     batch_size: int,
-    lr: float,
+    lr: float | None = None,
     momentum: float | None = None,
     seed: int = 0,
-    optimizer: str = "sgd",
+    optimizer: str | LocalOptimizer = "sgd",
     weight_decay: float = 0.0,
     stream: int = 0,
     stop: threading.Event | None = None,
 ) -> CentralizedResult:
     """Train ``model`` in place on all of ``data``'s training set and test it.
 
-    ``steps`` steps of the local optimizer ``optimizer`` (:mod:`workloads.optimizers`: SGD
-    with ``lr`` and ``momentum``, 0.9 unless given, by default; ``adam``, ``adamw``), the
-    optimizer a peer builds from the same flags, with ``weight_decay`` on
-    cross entropy, each on ``batch_size``
+    ``steps`` steps of the local optimizer ``optimizer`` (a
+    :class:`workloads.optimizers.LocalOptimizer`, with its schedule over these ``steps`` and
+    its clipping: the optimizer a peer builds from the same flags; or its name with ``lr``,
+    ``momentum`` (SGD's, 0.9 unless given) and ``weight_decay``) on the task's loss, each
+    on ``batch_size``
     samples drawn by :func:`workloads.peer_batches` over every training index with ``seed``
     and ``stream`` (its ``peer``: the launcher passes N, a stream none of peers 0..N-1
     draws), then the task's metrics on the test set (:func:`workloads.task.evaluate`: accuracy
@@ -71,9 +72,18 @@ def train_centralized(
         raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
-    step = build_local_optimizer(
-        model.parameters(), optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay
-    )
+    if isinstance(optimizer, LocalOptimizer):
+        if lr is not None or momentum is not None or weight_decay:
+            raise ValueError("lr: give lr, momentum and weight_decay in the LocalOptimizer")
+        settings = optimizer
+    else:
+        if lr is None:
+            raise ValueError("lr: needed with an optimizer given by name")
+        keys: dict[str, object] = {"name": optimizer, "lr": lr, "weight_decay": weight_decay}
+        if momentum is not None or optimizer == "sgd":
+            keys["momentum"] = SGD_MOMENTUM if momentum is None else momentum
+        settings = LocalOptimizer.from_keys(keys)
+    step = settings.for_run(steps).torch_optimizer(model.parameters())
     indices = torch.arange(int(data.y_train.shape[0]))
     batches = peer_batches(data, indices, batch_size=batch_size, seed=seed, peer=stream)
     for _, (x, y) in zip(range(steps), batches, strict=False):

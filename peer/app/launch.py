@@ -279,11 +279,8 @@ def _train_baseline(
             data,
             steps=args.steps,
             batch_size=args.peers * args.batch_size,
-            lr=args.lr,
-            momentum=args.momentum,
             seed=args.seed,
-            optimizer=args.optimizer,
-            weight_decay=args.weight_decay,
+            optimizer=check_optimizer_flags(args),
             stream=args.peers,
             stop=stop,
         )

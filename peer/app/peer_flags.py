@@ -14,46 +14,117 @@ from peer.app.usage import (
 )
 from peer.node.config import ALGORITHMS, MODES, PeerConfig
 from peer.node.topology import topology_names
-from workloads.optimizers import LOCAL_OPTIMIZERS, SGD_MOMENTUM, check_local_optimizer
+from workloads.optimizers import (
+    LOCAL_OPTIMIZERS,
+    OPTIMIZER_KEYS,
+    SCHEDULES,
+    SGD_MOMENTUM,
+    LocalOptimizer,
+)
 
-__all__ = ["CONFIG_FIELDS", "DEFAULT_DATASET", "NETWORK_FIELDS", "USER_CODE", "peer_parser"]
+__all__ = [
+    "CONFIG_FIELDS",
+    "DEFAULT_DATASET",
+    "NETWORK_FIELDS",
+    "OPTIMIZER_FLAGS",
+    "USER_CODE",
+    "add_optimizer_flags",
+    "check_optimizer_flags",
+    "peer_parser",
+]
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
 USER_CODE = "or your own MODULE:FACTORY (mymodel.py:MyNet, mypkg.models:make_net)"
 
 
+OPTIMIZER_FLAGS = tuple("optimizer" if key == "name" else key for key in OPTIMIZER_KEYS)
+"""The ``args`` names of the local optimizer's flags (:func:`add_optimizer_flags`), which
+``launch`` hands to every peer as given."""
+
+_DEFAULTS = {"name": "sgd", "lr": 0.05, "weight_decay": 0.0}
+"""The flags' defaults (the rest: not given; SGD's momentum then :data:`SGD_MOMENTUM`)."""
+_SHOWN_DEFAULTS = {
+    item.name: item.default
+    for item in fields(LocalOptimizer)
+    if item.default is not None and item.name not in ("nesterov", "decay_steps")
+}
+"""The defaults a flag's help shows (``--decay-steps`` says its own; ``--nesterov``: off)."""
+_METAVARS = {"betas": "B1,B2", "nesterov": "BOOL", "schedule": "NAME"}
+_TYPES: dict[str, type] = {
+    "lr": float, "momentum": float, "eps": float, "weight_decay": float, "min_lr": float,
+    "gamma": float, "clip_norm": float, "warmup_steps": int, "decay_steps": int,
+    "step_size": int,
+}  # fmt: skip
+
+
+def _true_or_false(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def add_optimizer_flags(group: argparse._ArgumentGroup) -> None:
-    """The local (inner) optimizer's flags, the same on ``peer`` and ``launch``."""
-    group.add_argument(
-        "--optimizer",
-        choices=LOCAL_OPTIMIZERS,
-        default="sgd",
-        help="local optimizer (default sgd; adamw is DiLoCo's inner optimizer)",
-    )
-    group.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
-    group.add_argument(
-        "--momentum",
-        type=float,
-        help=f"SGD momentum (default {SGD_MOMENTUM}; sgd only: adam and adamw keep their own)",
-    )
-    group.add_argument(
-        "--weight-decay",
-        type=float,
-        default=0.0,
-        help="weight decay (default 0; adamw: decoupled)",
-    )
+    """The local (inner) optimizer's flags, the same on ``peer`` and ``launch``: one per key
+    of :data:`workloads.optimizers.OPTIMIZER_KEYS` (the simulator's ``[optimizer]`` table's
+    keys with dashes; ``name`` is ``--optimizer``)."""
+    for key in OPTIMIZER_KEYS.values():
+        readers = ""
+        if key.optimizers != LOCAL_OPTIMIZERS:
+            readers = f"{', '.join(key.optimizers)} only: "
+        elif key.schedules != SCHEDULES:
+            readers = f"{', '.join(key.schedules)} schedule only: "
+        default = _DEFAULTS.get(key.name)
+        shown = _DEFAULTS.get(key.name, _SHOWN_DEFAULTS.get(key.name))
+        if key.name == "momentum":
+            shown = SGD_MOMENTUM
+        if isinstance(shown, tuple):
+            shown = ",".join(f"{value:g}" for value in shown)
+        elif isinstance(shown, float | int) and not isinstance(shown, bool):
+            shown = f"{shown:g}"
+        help_text = readers + key.help + ("" if shown is None else f" (default {shown})")
+        if key.name == "name":
+            group.add_argument(
+                "--optimizer",
+                choices=LOCAL_OPTIMIZERS,
+                default="sgd",
+                help="local optimizer (default sgd; adamw is DiLoCo's inner optimizer)",
+            )
+        elif key.name == "nesterov":
+            group.add_argument(
+                "--nesterov",
+                nargs="?",
+                const=True,
+                type=_true_or_false,
+                metavar=_METAVARS["nesterov"],
+                help=help_text,
+            )
+        elif key.name in ("betas", "schedule"):
+            choices = SCHEDULES if key.name == "schedule" else None
+            group.add_argument(
+                key.flag, choices=choices, metavar=_METAVARS[key.name], help=help_text
+            )
+        else:
+            group.add_argument(key.flag, type=_TYPES[key.name], default=default, help=help_text)
 
 
-def check_optimizer_flags(args: argparse.Namespace) -> None:
-    """The local optimizer's flags checked together (``workloads.optimizers``: the momentum
-    is SGD's only); a ``ValueError`` whose message starts with the flag at fault."""
+def check_optimizer_flags(args: argparse.Namespace) -> LocalOptimizer:
+    """The local optimizer the flags describe, for this run's ``--steps`` (0: until a
+    signal; a cosine schedule then needs ``--decay-steps``); a ``ValueError`` whose message
+    starts with the flag at fault (``--momentum: optimizer adamw does not read it ...``)."""
+    keys = {
+        key: getattr(args, flag)
+        for key, flag in zip(OPTIMIZER_KEYS, OPTIMIZER_FLAGS, strict=True)
+        if getattr(args, flag) is not None
+    }
+    if keys.get("name") == "sgd" and "momentum" not in keys:
+        keys["momentum"] = SGD_MOMENTUM
+    steps = getattr(args, "steps", 0)
     try:
-        check_local_optimizer(
-            args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
-        )
+        return LocalOptimizer.from_keys(keys).for_run(steps if steps > 0 else None)
     except ValueError as error:
-        field, _, reason = str(error).partition(": ")
-        raise ValueError(f"--{field.replace('_', '-')}: {reason}") from None
+        key, _, reason = str(error).partition(": ")
+        flag = OPTIMIZER_KEYS[key].flag if key in OPTIMIZER_KEYS else key
+        raise ValueError(f"{flag}: {reason}") from None
 
 
 def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:

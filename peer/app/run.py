@@ -36,7 +36,6 @@ from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
 from workloads import Dataset, build_model, cross_entropy, load_dataset, partition, peer_batches
-from workloads.optimizers import build_local_optimizer
 
 
 def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
@@ -47,14 +46,7 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
-    check_optimizer_flags(args)
-    name, lr, momentum, weight_decay = args.optimizer, args.lr, args.momentum, args.weight_decay
-
-    def optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return build_local_optimizer(
-            params, name, lr=lr, momentum=momentum, weight_decay=weight_decay
-        )
-
+    optimizer = check_optimizer_flags(args).torch_optimizer
     batches = peer_batches(
         data,
         shards[args.peer_index],

@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from gossip.settings import SETTING_NAMES
+from peer.app.peer_flags import OPTIMIZER_FLAGS
 
 GRACE_S = 15.0
 """How long stopped peers get to checkpoint and exit before SIGKILL."""
 PASS_THROUGH = (
     "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
-    "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "optimizer",
-    "lr", "momentum", "weight_decay", "seed", "steps", "device", "max_serving_share",
+    "topology", "topology_weights", "dataset", "partition", "model", "batch_size",
+    *OPTIMIZER_FLAGS, "seed", "steps", "device", "max_serving_share",
     "checkpoint_every", "log_level",
 )  # fmt: skip
 """Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``); every

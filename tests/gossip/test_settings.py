@@ -111,16 +111,18 @@ def test_peer_and_launch_have_each_settings_flag_as_declared(command: str) -> No
 def test_launch_passes_every_setting_through_to_its_peers(tmp_path: Path) -> None:
     import argparse
 
+    from peer.app.peer_flags import OPTIMIZER_FLAGS
     from peer.app.swarm import peer_flags
 
     values = {item.name: item.default for item in SETTINGS}  # any value passes through
+    optimizer = {name: None for name in OPTIMIZER_FLAGS}  # not given
     args = argparse.Namespace(
         **{name: None for name in ("algorithm", "mode", "fanout", "round_deadline_s",
                                    "topology", "topology_weights", "device",
                                    "max_serving_share", "log_level")},
         **values, dataset="synthetic", partition="iid", model="mlp", batch_size=8,
-        optimizer="adamw", lr=0.1, momentum=None, weight_decay=0.01, seed=0, steps=10,
-        checkpoint_every=0, peers=2, peer_args="",
+        **(optimizer | {"optimizer": "adamw", "lr": 0.1, "weight_decay": 0.01}), seed=0,
+        steps=10, checkpoint_every=0, peers=2, peer_args="",
     )  # fmt: skip
     flags = peer_flags(args, 0, tmp_path, secret_file=None, peer_file=None)
     for name, value in values.items():

@@ -467,7 +467,10 @@ def test_launch_save_model_and_log_dir_write_the_swarm_average_and_every_record(
     result = subprocess.run(
         gossipnet("launch", "--peers", "2", "--steps", "20", "--dataset",
                   "synthetic:num_samples=400", "--dir", str(run_dir), "--save-model", str(target),
-                  "--log-dir", str(logs), "--progress", "none", "--json"),
+                  "--log-dir", str(logs), "--progress", "none", "--json",
+                  # the local optimizer's flags reach every peer and the baseline
+                  "--optimizer", "adamw", "--lr", "0.01", "--betas", "0.9,0.95",
+                  "--schedule", "cosine", "--warmup-steps", "5", "--clip-norm", "1.0"),
         capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
