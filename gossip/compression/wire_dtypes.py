@@ -147,10 +147,19 @@ def read_field(payload: Mapping[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def require_finite(t: Tensor, field: str) -> None:
+def require_finite(t: Tensor, field: str, *, per_coordinate: bool = False) -> None:
     """Refuse NaN and infinity (:class:`PayloadError` ``non_finite``): one sum over ``t``, the
-    exact elementwise check only if that sum is not finite (``consensus.all_finite``)."""
+    exact elementwise check only if that sum is not finite (``consensus.all_finite``).
+
+    The error names the first bad element's position in the field; with ``per_coordinate``
+    (``t`` is the decoded vector itself, one value per coordinate) that position is also
+    the error's :attr:`~PayloadError.coordinate`, so a receiver can name the tensor."""
     if not all_finite(t):
+        position = int(torch.nonzero(~torch.isfinite(t.reshape(-1)))[0, 0])  # error path only
         raise PayloadError(
-            "non_finite", f"payload field {field!r} contains NaN or infinite values", field=field
+            "non_finite",
+            f"payload field {field!r} contains NaN or infinite values (first at element "
+            f"{position})",
+            field=field,
+            coordinate=position if per_coordinate else None,
         )

@@ -371,7 +371,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         if logbook is not None:
             logbook.close()
     if args.save_model is not None:
-        results["model"], problem = _save_average(swarm, args)
+        results["model"], results["model_evaluation"], problem = _save_average(swarm, args)
         failed = failed or problem
     print_results(results, args)
     bad = [p for p in results["peers"] if "error" in p]
@@ -435,11 +435,18 @@ def _bits(entry: dict[str, Any]) -> dict[str, float]:
     return {} if value is None else {"test_bits_per_byte": float(value)}
 
 
-def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, str | None]:
+def _save_average(
+    swarm: Swarm, args: argparse.Namespace
+) -> tuple[str | None, dict[str, Any] | None, str | None]:
     """``--save-model FILE``: the average of the models the honest peers that did not fail
-    wrote (``x_bar = (1/n) sum_i x_i``, :func:`peer.app.export.average_models`). Returns FILE
-    (or None) and a one-line problem (or None); sets ``args``' note for the summary line."""
+    wrote (``x_bar = (1/n) sum_i x_i``, :func:`peer.app.export.average_models`), rebuilt
+    from ``--model`` and evaluated on the test split of ``--dataset`` (recorded in FILE's
+    description). Returns FILE (or None), its evaluation and a one-line problem (or None);
+    sets ``args``' note for the summary line."""
     from peer.app.export import ExportError, average_models
+    from peer.node.model_file import sidecar_path
+    from workloads import MODELS, load_dataset
+    from workloads.user_code import parse_code_spec
 
     honest = args.peers - getattr(args, "byzantine_count", 0)
     sources = [
@@ -448,13 +455,27 @@ def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, s
         if peer.index < honest and not peer.failed() and peer.model_file.is_file()
     ]
     if not sources:
-        return None, "--save-model: no peer wrote a model to average"
+        return None, None, "--save-model: no peer wrote a model to average"
     try:
-        written = average_models(sources, Path(args.save_model))
-    except ExportError as error:
-        return None, f"--save-model: {error}"
-    args.model_note = f"saved the average of {len(sources)} peers' models to {written}"
-    return str(written), None
+        written = average_models(
+            sources,
+            Path(args.save_model),
+            factory=args.model if parse_code_spec(args.model, MODELS) is not None else None,
+            dataset=load_dataset(args.dataset),
+        )
+    except (ExportError, ValueError, OSError) as error:
+        return None, None, f"--save-model: {' '.join(str(error).split())}"
+    evaluation = json.loads(sidecar_path(written).read_text())["evaluation"]
+    accuracy = evaluation.get("test_accuracy")
+    figure = (
+        f"test accuracy {100 * accuracy:.1f}%"
+        if isinstance(accuracy, float)
+        else f"test loss {evaluation['test_loss']:.4f}"
+    )
+    args.model_note = (
+        f"saved the average of {len(sources)} peers' models to {written}; its {figure}"
+    )
+    return str(written), evaluation, None
 
 
 def demo_main(argv: Sequence[str], prog: str = "gossipnet demo") -> int:
