@@ -14,7 +14,9 @@ orphans.
 
 ``--save-model FILE`` has every peer write its model into the run directory and, at the
 end, writes the average of the models of the peers that finished to FILE
-(``peer.app.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``).
+(``peer.app.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``),
+rebuilt from ``--model`` (your own code too) and evaluated on the test split: the figure is
+printed with the summary and recorded in FILE's description.
 
 ``--log-dir DIR`` keeps training records (:mod:`peer.node.logbook`: ``metrics.csv`` and
 TensorBoard event files): each peer's own in ``DIR/peer-<i>/`` (its ``--log-dir``), and
@@ -149,8 +151,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     out.add_argument(
         "--save-model",
         metavar="FILE",
-        help="write the average of the finished peers' models as safetensors + JSON to FILE "
-        "(docs/models.md)",
+        help="write the average of the finished peers' models as safetensors + JSON to FILE, "
+        "evaluated on the test split (the figure is printed and recorded; docs/models.md)",
     )
     out.add_argument(
         "--log-dir",
@@ -466,15 +468,15 @@ def _save_average(
     except (ExportError, ValueError, OSError) as error:
         return None, None, f"--save-model: {' '.join(str(error).split())}"
     evaluation = json.loads(sidecar_path(written).read_text())["evaluation"]
-    accuracy = evaluation.get("test_accuracy")
+    accuracy, loss = evaluation.get("test_accuracy"), evaluation.get("test_loss")
     figure = (
-        f"test accuracy {100 * accuracy:.1f}%"
+        f"; its test accuracy {100 * accuracy:.1f}%"
         if isinstance(accuracy, float)
-        else f"test loss {evaluation['test_loss']:.4f}"
+        else f"; its test loss {loss:.4f}"
+        if isinstance(loss, float)
+        else ""
     )
-    args.model_note = (
-        f"saved the average of {len(sources)} peers' models to {written}; its {figure}"
-    )
+    args.model_note = f"saved the average of {len(sources)} peers' models to {written}{figure}"
     return str(written), evaluation, None
 
 
