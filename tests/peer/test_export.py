@@ -21,7 +21,7 @@ from peer.node.config import PeerConfig
 from peer.node.model_file import ExportError, load_model, save_model, sidecar_path
 from peer.node.peer import Peer
 from peer.node.recipe import RECIPE_KEY, ModelRecipe
-from workloads import MODELS, load_dataset, partition, peer_batches, register_model
+from workloads import MODELS, build_model, load_dataset, partition, peer_batches, register_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"export-test-swarm-secret-0123456789"
@@ -428,3 +428,78 @@ def test_the_export_module_names_the_model_file_api_as_the_same_objects() -> Non
     assert set(export.__all__) <= set(owned)
     for name in export.__all__:
         assert getattr(export, name) is owned[name], name
+
+
+# --------------------------------------------------------------------------- your own code
+
+OWN_MODEL = (
+    "import torch\n"
+    "class Net(torch.nn.Sequential):\n"
+    "    def __init__(self, input_shape, num_classes):\n"
+    "        super().__init__(torch.nn.Linear(input_shape[0], num_classes))\n"
+)
+
+
+def test_a_model_of_your_code_is_reimported_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file records ``mymodel.py:Net`` (relative, as given) and load_model imports it
+    from the current directory; elsewhere it says how to name the code, and a factory spec
+    (``--model``) names it where it moved, which the export then records."""
+    (tmp_path / "mymodel.py").write_text(OWN_MODEL)
+    monkeypatch.chdir(tmp_path)
+    spec = str(tmp_path / "mymodel.py") + ":Net"  # as a user may type it on --model
+    recipe = ModelRecipe(spec, (3,), 2, dataset="data.npz")
+    module = build_model(spec, (3,), 2)
+    path = save_model(tmp_path / "net.safetensors", module, recipe)
+    document = json.loads(sidecar_path(path).read_text())
+    assert document["model"]["spec"] == "mymodel.py:Net"  # no machine path
+    assert_same_state(state_of(load_model(path)), state_of(module))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    message = one_line_error(path)
+    assert "factory=" in message and "--model FILE:FACTORY" in message
+    assert "'mymodel.py' of the spec is not in the current directory" in message
+    loaded = load_model(path, factory="../mymodel.py:Net")  # the user's own word: allowed
+    assert_same_state(state_of(loaded), state_of(module))
+    out = tmp_path / "elsewhere" / "moved.safetensors"
+    assert main([str(path), "--out", str(out), "--model", "../mymodel.py:Net"]) == 0
+    assert json.loads(sidecar_path(out).read_text())["model"]["spec"] == "../mymodel.py:Net"
+
+
+def test_a_file_imports_code_only_from_inside_the_current_directory(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``..`` out of the current directory is refused, even with the file right there."""
+    marker = model_file.parent / "imported"
+    (model_file.parent / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\nNet = None\n"
+    )
+    (model_file.parent / "sub").mkdir()
+    monkeypatch.chdir(model_file.parent / "sub")
+    document = json.loads(sidecar_path(model_file).read_text())
+    document["model"] = {"spec": "../evil.py:Net", "seed": 0}
+    rewrite(model_file, document=document)
+    assert "names a file outside it" in one_line_error(model_file)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "recorded"),
+    [
+        ("mnist1d:num_samples=400,cache_dir=/home/me/.cache/gossipnet", "mnist1d:num_samples=400"),
+        ("mnist1d:cache_dir=/c", "mnist1d"),
+        ("{here}/data/blobs.npz", "data/blobs.npz"),
+        ("/somewhere/else/blobs.npz", "blobs.npz"),
+        ("npz:path={here}/blobs.npz,num_classes=3", "npz:path=blobs.npz,num_classes=3"),
+        ("{here}/code/mymodel.py:Net", "code/mymodel.py:Net"),
+        ("mypkg.models:make_net", "mypkg.models:make_net"),
+        ("mlp:hidden=64", "mlp:hidden=64"),
+    ],
+)
+def test_a_recipe_records_no_machine_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, recorded: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    recipe = ModelRecipe("mlp", (3,), 2, dataset=spec.format(here=tmp_path))
+    assert recipe.to_json()["data"]["dataset"] == recorded
