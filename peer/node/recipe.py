@@ -18,6 +18,7 @@ else (a standard library module, an absolute path); a moved file is named again 
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -47,10 +48,12 @@ ModelFactory = Callable[..., nn.Module] | str
 
 
 def _portable_path(path: str) -> str:
-    """``path`` relative to the current directory when it lies inside it, else its name."""
+    """``path`` relative to the current directory when it lies inside it, else its name
+    (an absolute path elsewhere, or one that climbs out with ``..``)."""
     pure = Path(path).expanduser()
     if not pure.is_absolute():
-        return PurePath(path).as_posix()
+        relative = PurePath(os.path.normpath(path))
+        return pure.name if ".." in relative.parts else relative.as_posix()
     try:
         return pure.resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
@@ -61,7 +64,7 @@ def portable_spec(spec: str | None) -> str | None:
     """A model or data set spec without the machine's paths, as a file records it.
 
     ``MODULE.py:FACTORY`` and ``FILE.npz`` (and ``path=`` of ``npz:...``) keep a path
-    relative to the current directory (or just the file name when it lies elsewhere);
+    relative to the current directory (or just the file name when it lies outside it);
     ``cache_dir=`` (where a generated data set is cached) is dropped.
 
         >>> portable_spec("mnist1d:num_samples=400,cache_dir=/home/me/.cache/gossipnet")
