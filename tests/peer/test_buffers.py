@@ -109,7 +109,7 @@ async def test_a_refused_join_names_the_tensor_that_is_not_finite() -> None:
     assert "tensor 'qkv.bias' (a parameter), element 4" in str(info.value)
 
 
-@pytest.mark.parametrize("codec", ["none", "fp16", "bf16"])
+@pytest.mark.parametrize("codec", ["none", "fp16", "bf16", "topk:ratio=0.5"])
 def test_a_non_finite_payload_names_its_tensor(codec: str) -> None:
     flat = FlatParameters(TinyCausalLM(), buffers=True)
     layout = flat.layout
@@ -117,16 +117,30 @@ def test_a_non_finite_payload_names_its_tensor(codec: str) -> None:
     vector = flat.vector.detach().clone()
     vector[entry.offset] = float("-inf")
     sender = DenseCodec() if codec == "none" else CompressorCodec(codec)
-    payload = sender.encode(vector)
-    receiver = CompressorCodec(codec)
+    payload = sender.encode(vector)  # top-k sends the infinity: the largest magnitude
+    receiver = CompressorCodec(codec.partition(":")[0])
     with pytest.raises(NonFiniteValues) as info:
         receiver.decode(payload, ModelSpec.of(flat.vector, layout))
     message = str(info.value)
-    assert f"(first at element {entry.offset})" in message
+    if not codec.startswith("topk"):  # a sparse value's position is not its coordinate
+        assert f"(first at element {entry.offset})" in message
     assert message.endswith("at tensor 'temperature' (a buffer), element 0")
     # without a layout (a receiver that does not know the model) the coordinate is named
     with pytest.raises(NonFiniteValues, match=f"at coordinate {entry.offset}$"):
         receiver.decode(payload, ModelSpec(numel=layout.numel))
+
+
+def test_a_non_finite_quantized_block_names_the_tensor_where_it_starts() -> None:
+    flat = FlatParameters(TinyCausalLM(), buffers=True)
+    vector = flat.vector.detach().clone()
+    vector[100] = float("inf")  # qkv.weight: its block's scale becomes infinite
+    codec = CompressorCodec("qsgd:bits=4,block=64")
+    with pytest.raises(NonFiniteValues) as info:
+        codec.decode(codec.encode(vector), ModelSpec.of(flat.vector, flat.layout))
+    message = str(info.value)
+    assert "payload field 'scale'" in message and "(first at element 1)" in message
+    start = 64 - flat.layout.entries[1].offset  # block 1 starts at coordinate 64
+    assert message.endswith(f"at tensor 'qkv.weight' (a parameter), element {start}")
 
 
 def test_the_average_keeps_a_mask_and_averages_the_rest(tmp_path: Path) -> None:
