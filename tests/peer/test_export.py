@@ -176,7 +176,16 @@ def test_export_errors_are_one_line_naming_the_argument(
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # --out is required
         main([str(tmp_path / "ok.safetensors")])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 2 and "--out" in capsys.readouterr().err
+    ok = [str(tmp_path / "ok.safetensors"), "--out", str(tmp_path / "m.st")]
+    for flag, value, says in [
+        ("--model", "mlp", "--model: must be your model code as FILE:FACTORY"),
+        ("--dataset", str(tmp_path / "none.npz"), "--dataset: "),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*ok, flag, value])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and says in err, err
 
 
 def normalized(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
