@@ -111,6 +111,7 @@ def save_model(
     peer_id: str | None = None,
     evaluation: Mapping[str, float | None] | None = None,
     averaged_from: Sequence[Mapping[str, Any]] | None = None,
+    byzantine: str | None = None,
 ) -> Path:
     """Write ``module``'s ``state_dict`` to ``path`` (safetensors) and its description to
     :func:`sidecar_path` (JSON), each atomically; returns ``path``.
@@ -123,6 +124,8 @@ def save_model(
         evaluation: e.g. ``{"test_loss": ..., "test_accuracy": ..., "test_samples": ...}``
             (``test_accuracy`` None for a model that is not a classifier: JSON null).
         averaged_from: for an average, one ``{"path", "peer_id", "step"}`` per source.
+        byzantine: the attack the peer sent (``--byzantine``; evaluation only), or None:
+            a run folder's average leaves such a peer's model out.
 
     Raises:
         ExportError: ``path`` ends in ``.json`` or its folder does not exist.
@@ -144,6 +147,7 @@ def save_model(
         "step": step,
         "peer_id": peer_id,
         "averaged_from": None if averaged_from is None else [dict(s) for s in averaged_from],
+        **({} if byzantine is None else {"byzantine": byzantine}),
         "evaluation": None
         if evaluation is None
         else {key: _finite(value) for key, value in evaluation.items()},
@@ -174,6 +178,8 @@ class ModelSource:
     evaluation: dict[str, Any] | None = None
     averaged: bool = False
     """The model file is itself an average of several (``averaged_from``), not one peer's."""
+    byzantine: bool = False
+    """The model file is a Byzantine peer's (``--byzantine``, evaluation only)."""
 
 
 def _one_line(error: BaseException) -> str:
@@ -248,6 +254,7 @@ def _read_model_file(
         peer_id if isinstance(peer_id, str) else None,
         evaluation if isinstance(evaluation, dict) else None,
         averaged=bool(document.get("averaged_from")),
+        byzantine=bool(document.get("byzantine")),
     )
 
 
@@ -299,7 +306,8 @@ def _peer_models(folder: Path) -> list[ModelSource]:
 def read_sources(path: Path) -> list[ModelSource]:
     """The models ``path`` holds: a model file or checkpoint file (one), a checkpoint folder
     (its newest valid checkpoint), or a run folder (``gossipnet launch --dir``): each
-    peer's model file (``peer-N.safetensors``) and, for a peer without one, its checkpoint
+    honest peer's model file (``peer-N.safetensors``; a Byzantine peer's is left out, as
+    ``launch --save-model`` leaves it out) and, for a peer without one, its checkpoint
     folder's newest checkpoint.
     Raises :class:`ExportError` (one line naming the file) for one that cannot be used."""
     if path.is_dir():
@@ -311,8 +319,9 @@ def read_sources(path: Path) -> list[ModelSource]:
             if loaded is None:  # removed since they were listed
                 raise ExportError(f"{path}: its checkpoints disappeared while being read")
             return [_read_checkpoint(loaded)]
-        models = _peer_models(path)
-        peers = {source.peer_id for source in models}
+        found = _peer_models(path)
+        peers = {source.peer_id for source in found}
+        models = [source for source in found if not source.byzantine]  # as launch averages
         checkpoints = [
             source
             for folder in _checkpoint_folders(path)

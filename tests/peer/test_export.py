@@ -517,3 +517,31 @@ def test_a_recipe_records_no_machine_paths(
     monkeypatch.chdir(tmp_path)
     recipe = ModelRecipe("mlp", (3,), 2, dataset=spec.format(here=tmp_path))
     assert recipe.to_json()["data"]["dataset"] == recorded
+
+
+async def test_export_of_a_run_folder_reads_each_honest_peers_model_file(tmp_path: Path) -> None:
+    """``gossipnet export RUN`` on a ``launch --dir RUN --save-model`` folder: every peer's
+    ``peer-N.safetensors``, else its newest checkpoint; not a Byzantine peer's model, not an
+    average written there before, and not a peer twice."""
+    recipe = ModelRecipe("mlp:hidden=8", (20,), 10, dataset=SYNTHETIC)
+    honest, byzantine = recipe.build(), ModelRecipe("mlp:hidden=8", (20,), 10, seed=5).build()
+    save_model(tmp_path / "peer-0.safetensors", honest, recipe, step=4, peer_id="peer-0")
+    save_model(tmp_path / "peer-1.safetensors", byzantine, recipe, peer_id="peer-1",
+               byzantine="sign-flip")  # fmt: skip
+    checkpointed = await trained_checkpoint(tmp_path / "peer-2.checkpoints", "peer-2", seed=2)
+    await trained_checkpoint(tmp_path / "peer-0.checkpoints", "peer-0", seed=3)  # has a file
+    await trained_checkpoint(tmp_path / "peer-1.checkpoints", "peer-1", seed=4)  # Byzantine
+    assert main([str(tmp_path), "--out", str(tmp_path / "swarm.safetensors")]) == 0
+    assert main([str(tmp_path), "--out", str(tmp_path / "again.safetensors")]) == 0
+    document = json.loads((tmp_path / "again.json").read_text())
+    assert [(s["path"], s["peer_id"]) for s in document["averaged_from"]] == [
+        ("peer-0.safetensors", "peer-0"),
+        ("peer-2.checkpoints/checkpoint-000000000004.safetensors", "peer-2"),
+    ]
+    expected = {
+        name: ((a.double() + b.double()) / 2).float()
+        for (name, a), b in zip(
+            state_of(honest).items(), state_of(checkpointed.model).values(), strict=True
+        )
+    }
+    assert_same_state(state_of(load_model(tmp_path / "again.safetensors")), expected)
