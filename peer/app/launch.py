@@ -465,8 +465,8 @@ def _save_average(
             factory=args.model if parse_code_spec(args.model, MODELS) is not None else None,
             dataset=load_dataset(args.dataset),
         )
-    except (ExportError, ValueError, OSError) as error:
-        return None, None, f"--save-model: {' '.join(str(error).split())}"
+    except (ExportError, ValueError, OSError, RuntimeError) as error:  # one line, no traceback
+        return None, None, f"--save-model: {' '.join(str(error).split())[:300]}"
     evaluation = json.loads(sidecar_path(written).read_text())["evaluation"]
     accuracy, loss = evaluation.get("test_accuracy"), evaluation.get("test_loss")
     figure = (
