@@ -7,6 +7,15 @@ operation and one memory block on the wire. :class:`FlatParameters` moves every 
 module into one contiguous tensor and points the module's tensors at slices of it, so the
 module keeps working unchanged while gossip code reads and writes the flat vector.
 
+Which buffers travel is one rule, :func:`averageable`: a buffer is mixed with the model
+only if it is floating point and every value is finite (running statistics). Integer
+buffers (counters such as BatchNorm's ``num_batches_tracked``) and buffers holding
+infinities or NaN (a causal mask from ``nn.Transformer.generate_square_subsequent_mask``,
+``-inf`` above the diagonal) are constants of the model: each peer keeps its own, and
+they are never averaged or sent. The simulator keeps every buffer as a constant of the
+shared template (``sim.batched``), so the two runners agree on such models; the model
+file's average (``peer.app.model_average``) applies the same rule.
+
 Gradients get the same treatment: each trainable parameter's ``.grad`` is a view into one
 flat gradient buffer, and :attr:`FlatParameters.parameter` is a single ``nn.Parameter`` whose
 ``.grad`` is that buffer, so any torch optimizer steps the whole model in one call. Frozen
@@ -30,6 +39,7 @@ evaluates n models stacked as ``[n, d]`` with ``torch.func.vmap``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,7 +48,16 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FlatParameters", "LayoutEntry", "ParameterLayout"]
+__all__ = ["FlatParameters", "LayoutEntry", "ParameterLayout", "averageable"]
+
+
+def averageable(tensor: Tensor) -> bool:
+    """Whether ``tensor`` may be averaged across peers: floating point, every value finite.
+
+    The rule for a module's buffers (and for the model file's average): running statistics
+    pass; integer counters and masks holding ``-inf`` (or NaN) do not, and stay local.
+    """
+    return tensor.is_floating_point() and bool(torch.isfinite(tensor).all())
 
 
 @dataclass(frozen=True)
@@ -60,8 +79,9 @@ class ParameterLayout:
     """Where each named tensor of a module lives in the flat vector.
 
     Order: trainable parameters (kind ``"parameter"``), then frozen parameters
-    (``requires_grad=False``, kind ``"frozen"``), then floating-point buffers (``"buffer"``),
-    each group in the module's own order.
+    (``requires_grad=False``, kind ``"frozen"``), then the buffers that may be averaged
+    (:func:`averageable`: floating point and finite; kind ``"buffer"``), each group in the
+    module's own order.
     """
 
     entries: tuple[LayoutEntry, ...]
@@ -69,7 +89,7 @@ class ParameterLayout:
     @classmethod
     def from_module(cls, module: nn.Module, *, buffers: bool = False) -> ParameterLayout:
         """Layout of ``module``'s trainable, then frozen parameters, then (if ``buffers``) its
-        floating-point buffers."""
+        :func:`averageable` buffers."""
         entries: list[LayoutEntry] = []
         offset = 0
         for name, tensor in _named_tensors(module, buffers=buffers):
@@ -90,6 +110,17 @@ class ParameterLayout:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(e.name for e in self.entries)
+
+    def locate(self, coordinate: int) -> str:
+        """Which tensor coordinate ``coordinate`` of the flat vector belongs to, in words:
+        ``"tensor 'mask' (a buffer), element 5"``; past the last tensor (push-sum's weight
+        at ``d``) ``"coordinate d, past the model's tensors"``."""
+        offsets = [e.offset for e in self.entries]
+        at = bisect.bisect_right(offsets, coordinate) - 1
+        if coordinate < 0 or at < 0 or coordinate >= self.numel:
+            return f"coordinate {coordinate}, past the model's tensors"
+        entry = self.entries[at]
+        return f"tensor {entry.name!r} (a {entry.kind}), element {coordinate - entry.offset}"
 
     def unflatten(self, vector: Tensor) -> dict[str, Tensor]:
         """``[*, d] -> {name: [*, *shape]}``, every value a view into ``vector`` (no copy)."""
@@ -134,13 +165,14 @@ def _kind(tensor: Tensor) -> Literal["parameter", "frozen", "buffer"]:
 
 
 def _named_tensors(module: nn.Module, *, buffers: bool) -> Iterator[tuple[str, Tensor]]:
-    """Trainable parameters, frozen parameters, then (if ``buffers``) float buffers."""
+    """Trainable parameters, frozen parameters, then (if ``buffers``) the
+    :func:`averageable` buffers (integer counters and non-finite masks stay local)."""
     parameters = list(module.named_parameters())
     yield from ((name, p) for name, p in parameters if p.requires_grad)
     yield from ((name, p) for name, p in parameters if not p.requires_grad)
     if buffers:
         for name, buffer in module.named_buffers():
-            if buffer.is_floating_point():
+            if averageable(buffer):
                 yield name, buffer
 
 
@@ -152,9 +184,10 @@ class FlatParameters:
             buffers) are copied once into :attr:`vector` and re-pointed at slices of it.
             Which parameters are trainable is read now: wrap again after changing
             ``requires_grad``.
-        buffers: also carry floating-point buffers (BatchNorm running statistics), after the
-            parameters, so they are mixed and shipped with the model. Integer buffers such as
-            ``num_batches_tracked`` stay where they are.
+        buffers: also carry the :func:`averageable` buffers (BatchNorm running statistics),
+            after the parameters, so they are mixed and shipped with the model. Integer
+            buffers such as ``num_batches_tracked`` and non-finite ones (a ``-inf`` causal
+            mask) stay where they are: each peer's own.
 
     Attributes:
         layout: the :class:`ParameterLayout` (names, shapes, offsets).

@@ -11,8 +11,8 @@ The distribution is split into layered packages (see ``docs/architecture.md``):
 
 This package is only the front door: the ``gossipnet`` command, the version,
 :func:`load_model` (a model written by ``gossipnet peer --save-model``, ``launch
---save-model`` or ``gossipnet export``, rebuilt as a ready ``nn.Module``; it is
-``peer.node.model_file.load_model``) and :class:`BackgroundPeer` (``peer.node.background``: gossip
+--save-model`` or ``gossipnet export``, rebuilt as a ready ``nn.Module``, a model of your
+own code re-imported from the current directory; it is ``peer.node.model_file.load_model``) and :class:`BackgroundPeer` (``peer.node.background``: gossip
 from an ordinary synchronous training loop), each imported on first use so that
 ``import gossipnet`` stays light.
 

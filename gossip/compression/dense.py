@@ -23,6 +23,7 @@ from gossip.compression.wire_dtypes import (
     from_bytes,
     read_field,
     require_finite,
+    same_coordinate,
     to_bytes,
 )
 
@@ -44,7 +45,7 @@ def _dense_fields(
         )
     data = from_bytes(read_field(payload, "data", bytes), wire, d, "data")
     if finite:
-        require_finite(data, "data")
+        require_finite(data, "data", coordinate_of=same_coordinate)
     return {"data": data}
 
 
@@ -84,7 +85,7 @@ class NoCompression(Compressor):
     def decode(self, payload: Mapping[str, Any], d: int) -> Tensor:
         """Validate and view the payload's bytes (finite values only)."""
         values = super().decode(payload, d)
-        require_finite(values, "data")
+        require_finite(values, "data", coordinate_of=same_coordinate)
         return values
 
 
@@ -122,7 +123,7 @@ class _Cast(Compressor):
         (widening keeps NaN and infinity, and a float32 sum is one cheap pass, where a sum
         of 16-bit values would first widen a copy of them)."""
         values = super().decode(payload, d)
-        require_finite(values, "data")
+        require_finite(values, "data", coordinate_of=same_coordinate)
         return values
 
 

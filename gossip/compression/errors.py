@@ -25,8 +25,9 @@ each chunk); ``value``: values outside their range (a negative qsgd scale, a lev
 class PayloadError(ValueError):
     """A payload refused by :meth:`Compressor.decode`: ``kind`` says which check failed.
 
-    ``kind`` is one of :data:`PAYLOAD_ERROR_KINDS` and ``field`` the payload field at fault
-    (``None`` when the payload as a whole is). A ``ValueError``, so callers that only need
+    ``kind`` is one of :data:`PAYLOAD_ERROR_KINDS`, ``field`` the payload field at fault
+    (``None`` when the payload as a whole is) and ``coordinate`` the vector's coordinate at
+    fault where the codec knows it (a non-finite value in a dense ``data``). A ``ValueError``, so callers that only need
     "bad input" catch that; a receiver maps ``kind`` to its own typed errors (the peer to
     HTTP statuses) without parsing messages::
 
@@ -38,9 +39,19 @@ class PayloadError(ValueError):
         length data
     """
 
-    def __init__(self, kind: PayloadErrorKind, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: PayloadErrorKind,
+        message: str,
+        *,
+        field: str | None = None,
+        coordinate: int | None = None,
+    ) -> None:
         if kind not in PAYLOAD_ERROR_KINDS:
             raise ValueError(f"kind must be one of {PAYLOAD_ERROR_KINDS}, got {kind!r}")
         super().__init__(message)
         self.kind: PayloadErrorKind = kind
         self.field = field
+        self.coordinate = coordinate
+        """The coordinate of the decoded ``[d]`` vector at fault, where the field holds one
+        value per coordinate (a dense codec's ``data``); ``None`` otherwise."""

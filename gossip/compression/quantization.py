@@ -298,7 +298,7 @@ class StochasticQuantization(Compressor):
         scale = from_bytes(
             read_field(payload, "scale", bytes), "<f4", math.ceil(d / block), "scale"
         )
-        require_finite(scale, "scale")
+        require_finite(scale, "scale", coordinate_of=lambda i: i * block)  # the block's first
         if bool((scale < 0).any()):
             raise PayloadError("value", "payload field 'scale' must be >= 0", field="scale")
         level_bytes = read_field(payload, "level", bytes)

@@ -220,7 +220,7 @@ class _Sparse(Compressor):
                 field="index",
             )
         value = from_bytes(read_field(payload, "value", bytes), "<f4", k, "value")
-        require_finite(value, "value")
+        require_finite(value, "value", coordinate_of=lambda i: int(index[i]))
         return {"index": index, "value": value}
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ __all__ = [
     "from_bytes",
     "read_field",
     "require_finite",
+    "same_coordinate",
     "to_bytes",
     "view_bytes",
 ]
@@ -147,10 +148,27 @@ def read_field(payload: Mapping[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def require_finite(t: Tensor, field: str) -> None:
+def require_finite(
+    t: Tensor, field: str, *, coordinate_of: Callable[[int], int] | None = None
+) -> None:
     """Refuse NaN and infinity (:class:`PayloadError` ``non_finite``): one sum over ``t``, the
-    exact elementwise check only if that sum is not finite (``consensus.all_finite``)."""
+    exact elementwise check only if that sum is not finite (``consensus.all_finite``).
+
+    The error names the first bad element's position in the field; ``coordinate_of`` maps
+    that position to the coordinate of the decoded ``[d]`` vector it lands on (the identity
+    for a dense ``data``, the index for a sparse ``value``), the error's
+    :attr:`~PayloadError.coordinate`, so a receiver can name the tensor."""
     if not all_finite(t):
+        position = int(torch.nonzero(~torch.isfinite(t.reshape(-1)))[0, 0])  # error path only
         raise PayloadError(
-            "non_finite", f"payload field {field!r} contains NaN or infinite values", field=field
+            "non_finite",
+            f"payload field {field!r} contains NaN or infinite values (first at element "
+            f"{position})",
+            field=field,
+            coordinate=None if coordinate_of is None else coordinate_of(position),
         )
+
+
+def same_coordinate(position: int) -> int:
+    """``coordinate_of`` for a field that holds one value per coordinate, in order."""
+    return position

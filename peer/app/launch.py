@@ -14,7 +14,9 @@ orphans.
 
 ``--save-model FILE`` has every peer write its model into the run directory and, at the
 end, writes the average of the models of the peers that finished to FILE
-(``peer.app.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``).
+(``peer.app.export.average_models``: the swarm's consensus point ``x_bar = (1/n) sum_i x_i``),
+rebuilt from ``--model`` (your own code too) and evaluated on the test split: the figure is
+printed with the summary and recorded in FILE's description.
 
 ``--log-dir DIR`` keeps training records (:mod:`peer.node.logbook`: ``metrics.csv`` and
 TensorBoard event files): each peer's own in ``DIR/peer-<i>/`` (its ``--log-dir``), and
@@ -149,8 +151,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     out.add_argument(
         "--save-model",
         metavar="FILE",
-        help="write the average of the finished peers' models as safetensors + JSON to FILE "
-        "(docs/models.md)",
+        help="write the average of the finished peers' models as safetensors + JSON to FILE, "
+        "evaluated on the test split (the figure is printed and recorded; docs/models.md)",
     )
     out.add_argument(
         "--log-dir",
@@ -371,7 +373,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         if logbook is not None:
             logbook.close()
     if args.save_model is not None:
-        results["model"], problem = _save_average(swarm, args)
+        results["model"], results["model_evaluation"], problem = _save_average(swarm, args)
         failed = failed or problem
     print_results(results, args)
     bad = [p for p in results["peers"] if "error" in p]
@@ -435,11 +437,18 @@ def _bits(entry: dict[str, Any]) -> dict[str, float]:
     return {} if value is None else {"test_bits_per_byte": float(value)}
 
 
-def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, str | None]:
+def _save_average(
+    swarm: Swarm, args: argparse.Namespace
+) -> tuple[str | None, dict[str, Any] | None, str | None]:
     """``--save-model FILE``: the average of the models the honest peers that did not fail
-    wrote (``x_bar = (1/n) sum_i x_i``, :func:`peer.app.export.average_models`). Returns FILE
-    (or None) and a one-line problem (or None); sets ``args``' note for the summary line."""
+    wrote (``x_bar = (1/n) sum_i x_i``, :func:`peer.app.export.average_models`), rebuilt
+    from ``--model`` and evaluated on the test split of ``--dataset`` (recorded in FILE's
+    description). Returns FILE (or None), its evaluation and a one-line problem (or None);
+    sets ``args``' note for the summary line."""
     from peer.app.export import ExportError, average_models
+    from peer.node.model_file import sidecar_path
+    from workloads import MODELS, load_dataset
+    from workloads.user_code import parse_code_spec
 
     honest = args.peers - getattr(args, "byzantine_count", 0)
     sources = [
@@ -448,13 +457,27 @@ def _save_average(swarm: Swarm, args: argparse.Namespace) -> tuple[str | None, s
         if peer.index < honest and not peer.failed() and peer.model_file.is_file()
     ]
     if not sources:
-        return None, "--save-model: no peer wrote a model to average"
+        return None, None, "--save-model: no peer wrote a model to average"
     try:
-        written = average_models(sources, Path(args.save_model))
-    except ExportError as error:
-        return None, f"--save-model: {error}"
-    args.model_note = f"saved the average of {len(sources)} peers' models to {written}"
-    return str(written), None
+        written = average_models(
+            sources,
+            Path(args.save_model),
+            factory=args.model if parse_code_spec(args.model, MODELS) is not None else None,
+            dataset=load_dataset(args.dataset),
+        )
+    except (ExportError, ValueError, OSError, RuntimeError) as error:  # one line, no traceback
+        return None, None, f"--save-model: {' '.join(str(error).split())[:300]}"
+    evaluation = json.loads(sidecar_path(written).read_text())["evaluation"]
+    accuracy, loss = evaluation.get("test_accuracy"), evaluation.get("test_loss")
+    figure = (
+        f"; its test accuracy {100 * accuracy:.1f}%"
+        if isinstance(accuracy, float)
+        else f"; its test loss {loss:.4f}"
+        if isinstance(loss, float)
+        else ""
+    )
+    args.model_note = f"saved the average of {len(sources)} peers' models to {written}{figure}"
+    return str(written), evaluation, None
 
 
 def demo_main(argv: Sequence[str], prog: str = "gossipnet demo") -> int:

@@ -226,6 +226,7 @@ def _save_model(peer: Peer, path: str, evaluation: dict[str, Any] | None) -> Pat
             step=peer.step,
             peer_id=peer.peer_id,
             evaluation=scores,
+            byzantine=peer.config.byzantine,
         )
     print(f"saved model {written} and {sidecar_path(written).name}", flush=True)
     return written

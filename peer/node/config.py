@@ -149,6 +149,8 @@ class PeerConfig:
         average_buffers: ship and mix the model's floating-point buffers (BatchNorm running
             statistics) with its parameters, as one flat vector. ``False`` keeps each
             peer's buffers its own, and the peer warns at start when the model has any.
+            Integer buffers (counters) and buffers holding ``-inf`` or NaN (causal masks)
+            are always the peer's own (``gossip.flat.averageable``), whatever this says.
         log_dir: write the peer's training record here: TensorBoard event files and
             ``metrics.csv`` (step, loss, accuracy, bytes, exchanges), and MLflow where it
             is installed and ``MLFLOW_TRACKING_URI`` is set.

@@ -93,7 +93,7 @@ class PeerContext:
     def build(cls, trainer: Trainer, config: PeerConfig) -> PeerContext:
         """Every shared part, from ``config``, around ``trainer``."""
         flat = trainer.flat
-        spec = ModelSpec.of(flat.vector)
+        spec = ModelSpec.of(flat.vector, flat.layout)  # a refused payload names its tensor
         algorithm = build_algorithm(config.gossip)  # the same rule the simulator builds
         secret = config.secret if config.secret is not None else load_secret(config.secret_file)
         metrics = PeerMetrics(config.peer_id)
@@ -112,7 +112,9 @@ class PeerContext:
             config=config,
             trainer=trainer,
             spec=spec,
-            message_spec=ModelSpec(numel=algorithm.message_size(spec.numel), dtype=spec.dtype),
+            message_spec=ModelSpec(
+                numel=algorithm.message_size(spec.numel), dtype=spec.dtype, layout=flat.layout
+            ),
             max_body_bytes=max_body_bytes(spec.num_bytes, factor=config.max_body_factor),
             codec=build_codec(
                 config.gossip.compressor or "none", seed=node_seed(config.seed, config.peer_id)

@@ -18,10 +18,12 @@ do not know; a change that older readers must not misread gets a new ``format``.
   --save-model FILE`` calls it at the end of a run and on SIGINT/SIGTERM.
 * :func:`load_model` reads a model file, a checkpoint file or a checkpoint folder and
   returns the rebuilt ``nn.Module`` in eval mode. Reading is safe for files from
-  strangers: safetensors and bounded JSON only, never pickle, and only models
-  registered in ``workloads.MODELS`` are built (a file cannot name code to import). The
-  module is first built on the ``meta`` device, so shapes are checked before any memory
-  is allocated.
+  strangers: safetensors and bounded JSON only, never pickle. A registered
+  ``workloads`` model is built by name; a model of your own code (``--model
+  mymodel.py:SpiralNet``) is imported again only from the current directory
+  (``peer.node.recipe.user_code_spec``: never an absolute path, ``..`` or a module found
+  elsewhere), or built by the ``factory`` you pass. The module is first built on the
+  ``meta`` device, so shapes are checked before any memory is allocated.
 * :func:`read_sources` and :func:`build_module` are the two steps of :func:`load_model`,
   for a caller that combines several sources first (``peer.app.model_average``).
 
@@ -41,7 +43,7 @@ import importlib.metadata
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from peer.node import checkpoint
-from peer.node.recipe import RECIPE_KEY, ModelRecipe
+from peer.node.recipe import RECIPE_KEY, ModelFactory, ModelRecipe
 from peer.node.training_state import module_state
 from peer.protocol import strict_json
 from peer.protocol.errors import ProtocolError
@@ -109,6 +111,7 @@ def save_model(
     peer_id: str | None = None,
     evaluation: Mapping[str, float | None] | None = None,
     averaged_from: Sequence[Mapping[str, Any]] | None = None,
+    byzantine: str | None = None,
 ) -> Path:
     """Write ``module``'s ``state_dict`` to ``path`` (safetensors) and its description to
     :func:`sidecar_path` (JSON), each atomically; returns ``path``.
@@ -121,6 +124,8 @@ def save_model(
         evaluation: e.g. ``{"test_loss": ..., "test_accuracy": ..., "test_samples": ...}``
             (``test_accuracy`` None for a model that is not a classifier: JSON null).
         averaged_from: for an average, one ``{"path", "peer_id", "step"}`` per source.
+        byzantine: the attack the peer sent (``--byzantine``; evaluation only), or None:
+            a run folder's average leaves such a peer's model out.
 
     Raises:
         ExportError: ``path`` ends in ``.json`` or its folder does not exist.
@@ -142,6 +147,7 @@ def save_model(
         "step": step,
         "peer_id": peer_id,
         "averaged_from": None if averaged_from is None else [dict(s) for s in averaged_from],
+        **({} if byzantine is None else {"byzantine": byzantine}),
         "evaluation": None
         if evaluation is None
         else {key: _finite(value) for key, value in evaluation.items()},
@@ -170,6 +176,10 @@ class ModelSource:
     step: int | None
     peer_id: str | None
     evaluation: dict[str, Any] | None = None
+    averaged: bool = False
+    """The model file is itself an average of several (``averaged_from``), not one peer's."""
+    byzantine: bool = False
+    """The model file is a Byzantine peer's (``--byzantine``, evaluation only)."""
 
 
 def _one_line(error: BaseException) -> str:
@@ -243,6 +253,8 @@ def _read_model_file(
         step if isinstance(step, int) and not isinstance(step, bool) else None,
         peer_id if isinstance(peer_id, str) else None,
         evaluation if isinstance(evaluation, dict) else None,
+        averaged=bool(document.get("averaged_from")),
+        byzantine=bool(document.get("byzantine")),
     )
 
 
@@ -270,9 +282,33 @@ def _checkpoint_folders(folder: Path) -> list[Path]:
     )
 
 
+def _peer_models(folder: Path) -> list[ModelSource]:
+    """The model files one peer wrote in ``folder`` (``gossipnet launch --dir``'s
+    ``peer-N.safetensors``, from ``--save-model``), sorted by name: safetensors files in
+    gossipnet's model format with a peer id; an average (``averaged_from``) is not a peer's,
+    and of two files of one peer the first is kept."""
+    found: dict[str, ModelSource] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        if not path.is_file():
+            continue
+        try:
+            tensors, metadata = _read_safetensors(path)
+        except ExportError:
+            continue  # not a model file: a stray file in the folder
+        if metadata.get("format") != MODEL_FORMAT:
+            continue
+        source = _read_model_file(path, tensors, metadata)
+        if source.peer_id is not None and not source.averaged and source.peer_id not in found:
+            found[source.peer_id] = source
+    return list(found.values())
+
+
 def read_sources(path: Path) -> list[ModelSource]:
     """The models ``path`` holds: a model file or checkpoint file (one), a checkpoint folder
-    (its newest valid checkpoint), or a folder of checkpoint folders (each one's newest).
+    (its newest valid checkpoint), or a run folder (``gossipnet launch --dir``): each
+    honest peer's model file (``peer-N.safetensors``; a Byzantine peer's is left out, as
+    ``launch --save-model`` leaves it out) and, for a peer without one, its checkpoint
+    folder's newest checkpoint.
     Raises :class:`ExportError` (one line naming the file) for one that cannot be used."""
     if path.is_dir():
         if checkpoint.list_checkpoints(path):
@@ -283,12 +319,21 @@ def read_sources(path: Path) -> list[ModelSource]:
             if loaded is None:  # removed since they were listed
                 raise ExportError(f"{path}: its checkpoints disappeared while being read")
             return [_read_checkpoint(loaded)]
-        folders = _checkpoint_folders(path)
-        if not folders:
+        found = _peer_models(path)
+        peers = {source.peer_id for source in found}
+        models = [source for source in found if not source.byzantine]  # as launch averages
+        checkpoints = [
+            source
+            for folder in _checkpoint_folders(path)
+            for source in read_sources(folder)
+            if source.peer_id is None or source.peer_id not in peers
+        ]
+        if not models and not checkpoints:
             raise ExportError(
-                f"{path}: no checkpoint-*.safetensors in this folder or its sub-folders"
+                f"{path}: no checkpoint-*.safetensors nor a peer's model file "
+                "(peer-N.safetensors) in this folder or its sub-folders"
             )
-        return [source for folder in folders for source in read_sources(folder)]
+        return [*models, *checkpoints]
     if not path.exists():
         raise ExportError(f"{path}: no such file or folder")
     tensors, metadata = _read_safetensors(path)
@@ -304,7 +349,7 @@ def read_sources(path: Path) -> list[ModelSource]:
 def build_module(
     source: ModelSource,
     device: torch.device | str = "cpu",
-    factory: Callable[..., nn.Module] | None = None,
+    factory: ModelFactory | None = None,
 ) -> nn.Module:
     """``source``'s recipe built and loaded with its tensors (strictly), in eval mode on
     ``device``. The shapes are checked against a ``meta``-device build first, so a hostile
@@ -344,19 +389,22 @@ def load_model(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     *,
-    factory: Callable[..., nn.Module] | None = None,
+    factory: ModelFactory | None = None,
 ) -> nn.Module:
     """The trained module in ``path``, rebuilt through ``workloads``, in eval mode on ``device``.
 
     ``path`` is a model file (``--save-model``, ``gossipnet export``; its ``.json`` is read
     when present), a checkpoint file, or a checkpoint folder (its newest valid checkpoint).
     Nothing is unpickled; the weights are loaded strictly (every tensor, no extra). A model
-    of your own code is rebuilt by ``factory(input_shape, num_classes)`` (a file never
-    names code to import).
+    of your own code is rebuilt from the spec it records (``mymodel.py:SpiralNet``),
+    imported from the current directory only; ``factory`` (a callable
+    ``factory(input_shape, num_classes)`` or a ``MODULE:FACTORY`` spec) rebuilds it from
+    elsewhere.
 
     Raises:
         ExportError: the file is unreadable, truncated, not gossipnet's, names a model that
-            is not registered, or holds tensors that do not fit the model (one line).
+            is not registered nor your code in the current directory, or holds tensors that
+            do not fit the model (one line).
         ValueError: ``device`` is not a torch device.
     """
     try:

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from gossip.flat import FlatParameters
+from gossip.flat import FlatParameters, averageable
 from peer.node.model_lock import ModelLock
 from workloads.dropout import SeededDropout
 from workloads.task import bits_per_byte
@@ -169,13 +169,15 @@ class Trainer:
 
     @property
     def local_buffers(self) -> tuple[str, ...]:
-        """Floating-point buffers of the model outside the flat vector: each peer keeps
-        its own (``buffers=False``); empty when they are mixed or there are none."""
+        """Buffers that could be averaged (``gossip.flat.averageable``: floating point and
+        finite) but stay outside the flat vector because ``buffers=False``: each peer keeps
+        its own; empty when they are mixed or there are none. Integer counters and
+        non-finite masks are never averaged, so they are not listed."""
         in_flat = set(self.flat.layout.names)
         return tuple(
             name
             for name, buffer in self.model.named_buffers()
-            if buffer.is_floating_point() and name not in in_flat
+            if averageable(buffer) and name not in in_flat
         )
 
     def next_batch(self) -> Batch:

@@ -80,9 +80,12 @@ PAYLOAD_ERRORS: dict[compression.PayloadErrorKind, type[ProtocolError]] = {
 """The typed protocol error (and so the HTTP status) for each :data:`gossip.PAYLOAD_ERROR_KINDS`."""
 
 
-def _typed(error: compression.PayloadError) -> ProtocolError:
-    """gossip's :class:`~gossip.PayloadError` on a hostile payload, as a typed protocol error."""
-    return PAYLOAD_ERRORS[error.kind](f"payload: {error}")
+def _typed(error: compression.PayloadError, spec: ModelSpec) -> ProtocolError:
+    """gossip's :class:`~gossip.PayloadError` on a hostile payload, as a typed protocol error;
+    where the error knows its coordinate, the message names the tensor it came from
+    (:meth:`ModelSpec.locate`)."""
+    where = "" if error.coordinate is None else f" at {spec.locate(error.coordinate)}"
+    return PAYLOAD_ERRORS[error.kind](f"payload: {error}{where}")
 
 
 def _build(spec: str) -> compression.Compressor:
@@ -130,7 +133,7 @@ class CompressorCodec:
         try:
             decoded = compression.decode(payload, spec.numel)
         except compression.PayloadError as error:
-            raise _typed(error) from None
+            raise _typed(error, spec) from None
         return decoded.to(spec.dtype)
 
 

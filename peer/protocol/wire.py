@@ -50,6 +50,7 @@ from gossip.compression import (
     WIRE_DTYPE_NAMES,
     envelope_fields,
 )
+from gossip.flat import ParameterLayout
 from peer.protocol.errors import (
     BodyTooLarge,
     InvalidRound,
@@ -93,6 +94,9 @@ class ModelSpec:
 
     numel: int
     dtype: torch.dtype = torch.float32
+    layout: ParameterLayout | None = field(default=None, compare=False, repr=False)
+    """Which tensor of the model each coordinate belongs to (``gossip.flat``), when the
+    receiver knows its model: a refused payload then names the tensor at fault."""
 
     def __post_init__(self) -> None:
         if isinstance(self.numel, bool) or not isinstance(self.numel, int) or self.numel < 1:
@@ -110,9 +114,16 @@ class ModelSpec:
         return self.numel * self.element_size
 
     @classmethod
-    def of(cls, flat: torch.Tensor) -> ModelSpec:
-        """The spec of a flat parameter buffer."""
-        return cls(numel=flat.numel(), dtype=flat.dtype)
+    def of(cls, flat: torch.Tensor, layout: ParameterLayout | None = None) -> ModelSpec:
+        """The spec of a flat parameter buffer (and its layout, to name tensors)."""
+        return cls(numel=flat.numel(), dtype=flat.dtype, layout=layout)
+
+    def locate(self, coordinate: int) -> str:
+        """Coordinate ``coordinate`` in words: the tensor it belongs to when the spec has a
+        :attr:`layout` (``"tensor 'mask' (a buffer), element 5"``), else the coordinate."""
+        if self.layout is None:
+            return f"coordinate {coordinate}"
+        return self.layout.locate(coordinate)
 
 
 def max_body_bytes(model_bytes: int, *, factor: float = 2.0) -> int:

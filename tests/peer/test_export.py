@@ -21,7 +21,7 @@ from peer.node.config import PeerConfig
 from peer.node.model_file import ExportError, load_model, save_model, sidecar_path
 from peer.node.peer import Peer
 from peer.node.recipe import RECIPE_KEY, ModelRecipe
-from workloads import MODELS, load_dataset, partition, peer_batches, register_model
+from workloads import MODELS, build_model, load_dataset, partition, peer_batches, register_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"export-test-swarm-secret-0123456789"
@@ -82,7 +82,12 @@ def test_saved_model_gives_the_accuracy_the_peer_reported(tmp_path: Path) -> Non
     document = json.loads(sidecar_path(model_file).read_text())
     assert document["format"] == "gossipnet-model-1"
     assert document["model"] == {"spec": "mlp:hidden=64", "seed": 0}
-    assert document["data"] == {"dataset": dataset, "input_shape": [40], "num_classes": 10}
+    # the cache folder is this machine's: not recorded in what a user takes home
+    assert document["data"] == {
+        "dataset": "mnist1d:num_samples=2000",
+        "input_shape": [40],
+        "num_classes": 10,
+    }
     assert (document["step"], document["peer_id"]) == (300, "solo")
     assert document["evaluation"]["test_accuracy"] == reported["test_accuracy"]
 
@@ -171,7 +176,16 @@ def test_export_errors_are_one_line_naming_the_argument(
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # --out is required
         main([str(tmp_path / "ok.safetensors")])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 2 and "--out" in capsys.readouterr().err
+    ok = [str(tmp_path / "ok.safetensors"), "--out", str(tmp_path / "m.st")]
+    for flag, value, says in [
+        ("--model", "mlp", "--model: must be your model code as FILE:FACTORY"),
+        ("--dataset", str(tmp_path / "none.npz"), "--dataset: "),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*ok, flag, value])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and says in err, err
 
 
 def normalized(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
@@ -423,3 +437,111 @@ def test_the_export_module_names_the_model_file_api_as_the_same_objects() -> Non
     assert set(export.__all__) <= set(owned)
     for name in export.__all__:
         assert getattr(export, name) is owned[name], name
+
+
+# --------------------------------------------------------------------------- your own code
+
+OWN_MODEL = (
+    "import torch\n"
+    "class Net(torch.nn.Sequential):\n"
+    "    def __init__(self, input_shape, num_classes):\n"
+    "        super().__init__(torch.nn.Linear(input_shape[0], num_classes))\n"
+)
+
+
+def test_a_model_of_your_code_is_reimported_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file records ``mymodel.py:Net`` (relative, as given) and load_model imports it
+    from the current directory; elsewhere it says how to name the code, and a factory spec
+    (``--model``) names it where it moved, which the export then records."""
+    (tmp_path / "mymodel.py").write_text(OWN_MODEL)
+    monkeypatch.chdir(tmp_path)
+    spec = str(tmp_path / "mymodel.py") + ":Net"  # as a user may type it on --model
+    recipe = ModelRecipe(spec, (3,), 2, dataset="data.npz")
+    module = build_model(spec, (3,), 2)
+    path = save_model(tmp_path / "net.safetensors", module, recipe)
+    document = json.loads(sidecar_path(path).read_text())
+    assert document["model"]["spec"] == "mymodel.py:Net"  # no machine path
+    assert_same_state(state_of(load_model(path)), state_of(module))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    message = one_line_error(path)
+    assert "factory=" in message and "--model FILE:FACTORY" in message
+    assert "'mymodel.py' of the spec is not in the current directory" in message
+    loaded = load_model(path, factory="../mymodel.py:Net")  # the user's own word: allowed
+    assert_same_state(state_of(loaded), state_of(module))
+    out = tmp_path / "elsewhere" / "moved.safetensors"
+    assert main([str(path), "--out", str(out), "--model", "../mymodel.py:Net"]) == 0
+    # the spec given climbs out of here: recorded by its name, found where the code is
+    assert json.loads(sidecar_path(out).read_text())["model"]["spec"] == "mymodel.py:Net"
+    monkeypatch.chdir(tmp_path)
+    assert_same_state(state_of(load_model(out)), state_of(module))
+
+
+def test_a_file_imports_code_only_from_inside_the_current_directory(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``..`` out of the current directory is refused, even with the file right there."""
+    marker = model_file.parent / "imported"
+    (model_file.parent / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\nNet = None\n"
+    )
+    (model_file.parent / "sub").mkdir()
+    monkeypatch.chdir(model_file.parent / "sub")
+    document = json.loads(sidecar_path(model_file).read_text())
+    document["model"] = {"spec": "../evil.py:Net", "seed": 0}
+    rewrite(model_file, document=document)
+    assert "names a file outside it" in one_line_error(model_file)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "recorded"),
+    [
+        ("mnist1d:num_samples=400,cache_dir=/home/me/.cache/gossipnet", "mnist1d:num_samples=400"),
+        ("mnist1d:cache_dir=/c", "mnist1d"),
+        ("{here}/data/blobs.npz", "data/blobs.npz"),
+        ("/somewhere/else/blobs.npz", "blobs.npz"),
+        ("./data/../blobs.npz", "blobs.npz"),
+        ("../up/blobs.npz", "blobs.npz"),
+        ("npz:path={here}/blobs.npz,num_classes=3", "npz:path=blobs.npz,num_classes=3"),
+        ("{here}/code/mymodel.py:Net", "code/mymodel.py:Net"),
+        ("mypkg.models:make_net", "mypkg.models:make_net"),
+        ("mlp:hidden=64", "mlp:hidden=64"),
+    ],
+)
+def test_a_recipe_records_no_machine_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, recorded: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    recipe = ModelRecipe("mlp", (3,), 2, dataset=spec.format(here=tmp_path))
+    assert recipe.to_json()["data"]["dataset"] == recorded
+
+
+async def test_export_of_a_run_folder_reads_each_honest_peers_model_file(tmp_path: Path) -> None:
+    """``gossipnet export RUN`` on a ``launch --dir RUN --save-model`` folder: every peer's
+    ``peer-N.safetensors``, else its newest checkpoint; not a Byzantine peer's model, not an
+    average written there before, and not a peer twice."""
+    recipe = ModelRecipe("mlp:hidden=8", (20,), 10, dataset=SYNTHETIC)
+    honest, byzantine = recipe.build(), ModelRecipe("mlp:hidden=8", (20,), 10, seed=5).build()
+    save_model(tmp_path / "peer-0.safetensors", honest, recipe, step=4, peer_id="peer-0")
+    save_model(tmp_path / "peer-1.safetensors", byzantine, recipe, peer_id="peer-1",
+               byzantine="sign-flip")  # fmt: skip
+    checkpointed = await trained_checkpoint(tmp_path / "peer-2.checkpoints", "peer-2", seed=2)
+    await trained_checkpoint(tmp_path / "peer-0.checkpoints", "peer-0", seed=3)  # has a file
+    await trained_checkpoint(tmp_path / "peer-1.checkpoints", "peer-1", seed=4)  # Byzantine
+    assert main([str(tmp_path), "--out", str(tmp_path / "swarm.safetensors")]) == 0
+    assert main([str(tmp_path), "--out", str(tmp_path / "again.safetensors")]) == 0
+    document = json.loads((tmp_path / "again.json").read_text())
+    assert [(s["path"], s["peer_id"]) for s in document["averaged_from"]] == [
+        ("peer-0.safetensors", "peer-0"),
+        ("peer-2.checkpoints/checkpoint-000000000004.safetensors", "peer-2"),
+    ]
+    expected = {
+        name: ((a.double() + b.double()) / 2).float()
+        for (name, a), b in zip(
+            state_of(honest).items(), state_of(checkpointed.model).values(), strict=True
+        )
+    }
+    assert_same_state(state_of(load_model(tmp_path / "again.safetensors")), expected)
