@@ -111,7 +111,7 @@ def add_link_flags(
         type=_flag_type(parse_loss),
         default=None if pass_through else 0.0,
         metavar="P",
-        help=f"each message lost with probability P (seeded by --seed); "
+        help="each message lost with probability P (seeded by --seed); "
         + LOSS_FORMS.replace("%", "%%"),
     )
 
