@@ -22,7 +22,7 @@ import asyncio
 import hashlib
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,11 +111,15 @@ def _peer(peer_id: str, numel: int, **config: Any) -> Peer:
     )
 
 
-async def _exchange_times(numel: int, repeats: int) -> tuple[int, list[float]]:
-    callee = _peer("callee", numel)
+async def _exchange_times(
+    numel: int, repeats: int, link: Mapping[str, Any]
+) -> tuple[int, list[float]]:
+    callee = _peer("callee", numel, **link)
     await callee.start()
     try:
-        caller = _peer("caller", numel, client_only=True, join=(callee.address,), fetch_state=False)
+        caller = _peer(
+            "caller", numel, client_only=True, join=(callee.address,), fetch_state=False, **link
+        )
         await caller.start()
         await asyncio.sleep(0.002)  # signed after the callee's start millisecond
         try:
@@ -136,17 +140,22 @@ async def _exchange_times(numel: int, repeats: int) -> tuple[int, list[float]]:
         await callee.stop()
 
 
-def time_exchanges(model_bytes: Sequence[int], *, repeats: int) -> list[ExchangeTiming]:
+def time_exchanges(
+    model_bytes: Sequence[int], *, repeats: int, link: Mapping[str, Any] | None = None
+) -> list[ExchangeTiming]:
     """For each model size (bytes of float32 parameters), ``repeats`` timed exchanges between
     two real peers on 127.0.0.1 (signed, async mode: the caller's model there, the callee's
-    back), after one untimed; ``body_bytes`` is what the caller's body really was."""
+    back), after one untimed; ``body_bytes`` is what the caller's body really was. ``link``:
+    both peers' emulated uplink (``PeerConfig`` fields ``latency``, ``bandwidth``,
+    ``jitter``, ``message_loss``; none: loopback as it is)."""
     if repeats < 1:
         raise ValueError(f"repeats: must be >= 1, got {repeats}")
-    asyncio.run(_exchange_times(1, 1))  # untimed: the first peers of a process warm it up
+    link = dict(link or {})
+    asyncio.run(_exchange_times(1, 1, {}))  # untimed: the first peers of a process warm it up
     timings = []
     for size in model_bytes:
         numel = max(1, int(size) // 4)
-        body, times = asyncio.run(_exchange_times(numel, repeats))
+        body, times = asyncio.run(_exchange_times(numel, repeats, link))
         timings.append(ExchangeTiming(body, tuple(times)))
     return timings
 

@@ -143,15 +143,17 @@ class EnvelopeBody(Payload):
 
     async def _write_shaped(self, writer: AbstractStreamWriter, link: EmulatedLink) -> None:
         """:meth:`write` over the emulated link: the message's delay, then each slice of at
-        most :data:`~peer.transport.shaping.SHAPED_SLICE_BYTES` once the bucket lets it."""
+        most :data:`~peer.transport.shaping.SHAPED_SLICE_BYTES` once the bucket lets it (no
+        bandwidth: the usual slices)."""
         if self.delay > 0:
             await asyncio.sleep(self.delay)
         mac = Poly1305(self.tag_key) if self.tag_key is not None else None
+        paced = SHAPED_SLICE_BYTES if link.settings.bandwidth is not None else CHUNK_BYTES
         for piece in self.pieces:
             async for part in _ready_slices(piece):
                 view = memoryview(part)
-                for start in range(0, view.nbytes, SHAPED_SLICE_BYTES):
-                    chunk = view[start : start + SHAPED_SLICE_BYTES]
+                for start in range(0, view.nbytes, paced):
+                    chunk = view[start : start + paced]
                     if mac is not None:
                         mac.update(chunk)
                     await link.pace(chunk.nbytes)
