@@ -93,6 +93,17 @@ async def test_an_exchange_takes_the_latency_and_the_bandwidth_of_both_uplinks()
         assert elapsed < expected + 1.0  # loose: a loaded machine only adds time
 
 
+async def test_one_slow_uplink_slows_what_that_peer_sends_only() -> None:
+    bandwidth = 2e6  # a straggler's uplink: the caller's 200 KB take 0.1 s, the answer not
+    async with pair(NUMEL, {"bandwidth": bandwidth}, {}) as (caller, callee):
+        assert callee.ctx.link is None and caller.ctx.link is not None
+        done, elapsed = await timed_exchange(caller)
+        assert done == 1
+        one_body = caller.ctx.link.sent_bytes / bandwidth
+        assert one_body >= 0.1
+        assert one_body * 0.98 <= elapsed < one_body + 1.0
+
+
 async def test_unset_is_no_link_and_shaping_changes_the_time_not_the_bits() -> None:
     assert not PeerConfig(peer_id="a").link.shaped
     async with pair(1000, {}, {}) as (caller, callee):
