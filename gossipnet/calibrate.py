@@ -88,6 +88,7 @@ def _local_steps(config: Any, steps: int, measure: Any) -> list[float]:
     from sim.build import load_workload_dataset
     from workloads import build_model, partition
     from workloads.batching import peer_batches
+    from workloads.device import resolve_device
     from workloads.optimizers import build_local_optimizer
 
     w, o = config.workload, config.optimizer
@@ -108,7 +109,7 @@ def _local_steps(config: Any, steps: int, measure: Any) -> list[float]:
         torch.nn.functional.cross_entropy,
         batches,
         steps=steps,
-        device=config.device if config.device != "auto" else "cpu",
+        device=str(resolve_device(config.device)),
     )
     return times
 

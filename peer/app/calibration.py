@@ -63,6 +63,8 @@ def time_local_steps(
             trainer.gradient()
             with trainer.lock:
                 trainer.optimizer_step()
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize(trainer.device)  # the step's kernels are done
             if step >= warmup:
                 times.append(time.perf_counter() - started)
         return times
