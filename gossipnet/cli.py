@@ -69,7 +69,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
         Subcommand(
             "sim",
-            "simulate n peers: run an experiment TOML, compare or sweep any of its fields",
+            "simulate n peers: run an experiment TOML, compare or sweep any of its fields; "
+            "calibrate its time model on this machine",
             "sim.cli:main",
         ),
         Subcommand(
@@ -89,6 +90,17 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ]
 }
+
+
+SIM_FRONT_DOOR: dict[str, Subcommand] = {
+    "calibrate": Subcommand(
+        "calibrate",
+        "measure this machine's step time and real stack for the simulator's [network]",
+        "gossipnet.calibrate:main",
+    ),
+}
+"""``gossipnet sim`` subcommands that need a real peer as well as the simulator: they live
+here (``sim`` and ``peer`` never import each other), dispatched before ``sim.cli``."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     command = SUBCOMMANDS[args.command]
+    if command.name == "sim" and args.args[:1] and args.args[0] in SIM_FRONT_DOOR:
+        sub = SIM_FRONT_DOOR[args.args[0]]
+        return sub.load()(args.args[1:], f"gossipnet sim {sub.name}")
     return command.load()(args.args, f"gossipnet {command.name}")
 
 

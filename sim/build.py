@@ -62,7 +62,7 @@ def _fail(field_name: str, message: str) -> ConfigError:
     return ConfigError(f"{field_name}: {message}")
 
 
-def _load_dataset(workload: WorkloadConfig) -> Any:
+def load_workload_dataset(workload: WorkloadConfig) -> Any:
     """``workloads.load_dataset`` with a cache folder for data sets that take one (MNIST-1D is
     generated once per argument set); a ``cache_dir`` written in the spec wins."""
     from workloads import DATASETS, load_dataset
@@ -241,7 +241,7 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         raise _fail("device", str(error)) from None
     algorithm = build_algorithm(config)  # refuses what cannot work before any data is made
     try:
-        data = _load_dataset(w)
+        data = load_workload_dataset(w)
     except (ValueError, ImportError) as error:
         raise _fail("workload.dataset", str(error)) from None
     peer_labels = config.peer_labels()
@@ -278,6 +278,8 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
                 (link["source"], link["target"]): (link["latency"], link["bandwidth"])
                 for link in net.links
             },
+            stack_latency=net.stack_latency,
+            stack_bandwidth=net.stack_bandwidth,
         ),
         compute=ComputeModel(
             w.peers,

@@ -76,7 +76,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Vectorized simulation of n peers: gossip algorithms and baselines on one "
         "workload and one simulated network. `sweep` runs a grid over any field of the file "
-        "(local processes or Ray, resumable; docs/sweeps.md).",
+        "(local processes or Ray, resumable; docs/sweeps.md). `gossipnet sim calibrate "
+        "[EXP.toml]` measures this machine's step time and real stack for the [network] "
+        "table (docs/calibration.md).",
     )
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser

@@ -79,6 +79,9 @@ A complete file (every key optional except where noted)::
     stragglers = {3 = 10.0}        # peer -> k times slower (TOML keys as strings: {"3" = 10.0})
     message_loss = 0.0
     crashes = [{peer = 2, at = 1.0, rejoin = 2.0}]
+    stack_latency = 0.0            # the software stack's seconds per message, added to latency
+    stack_bandwidth = 3e8          # its bytes per second, in series with bandwidth (default:
+                                   # none); both measured by `gossipnet sim calibrate`
 
     [graph]                        # a user graph, run by topology = "graph"
     file = "ring.edges"            # edge list, one "u v" per line, relative to this file
@@ -406,8 +409,13 @@ class NetworkConfig:
     stragglers: Mapping[int, float] = field(default_factory=dict)
     message_loss: float = 0.0
     crashes: tuple[Crash, ...] = ()
+    stack_latency: float = 0.0
+    stack_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
+        _float("network.stack_latency", self.stack_latency, 0.0)
+        if self.stack_bandwidth is not None:
+            _float("network.stack_bandwidth", self.stack_bandwidth, 0.0, open_low=True)
         for key, low_open in (("latency", False), ("bandwidth", True)):
             value = getattr(self, key)
             if isinstance(value, list | tuple):

@@ -14,6 +14,11 @@ bytes per second):
 - gossip (Lian et al., NeurIPS 2017): peer i sends its (compressed) message to each of its
   d neighbours in turn, ``T_i = Σ_{j ∈ N(i)} (α_ij + M/B_ij)`` = d·(α + M/B) on a uniform network.
 
+A link's α and B may include the real software stack's own cost per message (HTTP, msgpack,
+signing, averaging: ``gossipnet sim calibrate`` measures it): ``Links.stack_latency`` σ and
+``Links.stack_bandwidth`` S add in series, ``α_ij + σ`` and ``1/(1/B_ij + 1/S)``, for every
+point-to-point message (gossip, the ring); unset, a link is the wire alone, as before.
+
 Synchronous algorithms end a round when its critical path ends (the slowest peer's compute
 plus the communication); asynchronous ones run as a discrete-event simulation (``heapq``).
 """
@@ -65,12 +70,17 @@ class Links:
 
     Each peer has a network interface with its own latency and bandwidth (heterogeneous
     allowed); a link costs the worse of its two ends, ``α_ij = max(α_i, α_j)`` and
-    ``B_ij = min(B_i, B_j)``, unless ``overrides[(i, j)] = (α, B)`` says otherwise.
+    ``B_ij = min(B_i, B_j)``, unless ``overrides[(i, j)] = (α, B)`` says otherwise. The
+    software stack's per-message time ``stack_latency`` σ (seconds) and throughput
+    ``stack_bandwidth`` S (bytes/second) add in series to every link:
+    ``α_ij + σ`` and ``1/(1/B_ij + 1/S)`` (defaults 0 and ∞: the wire alone).
     """
 
     latency: np.ndarray
     bandwidth: np.ndarray
     overrides: Mapping[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    stack_latency: float = 0.0
+    stack_bandwidth: float = math.inf
 
     @classmethod
     def uniform(
@@ -79,8 +89,12 @@ class Links:
         latency: float | Sequence[float] = 1e-4,
         bandwidth: float | Sequence[float] = 1.25e9,
         overrides: Mapping[tuple[int, int], tuple[float, float]] | None = None,
+        *,
+        stack_latency: float = 0.0,
+        stack_bandwidth: float | None = None,
     ) -> Links:
-        """Per-peer values (a scalar is the same for all); defaults 100 µs and 10 Gb/s."""
+        """Per-peer values (a scalar is the same for all); defaults 100 µs and 10 Gb/s; no
+        stack cost unless ``stack_latency`` / ``stack_bandwidth`` are given."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n: number of peers must be an integer >= 1, got {n!r}")
         checked: dict[tuple[int, int], tuple[float, float]] = {}
@@ -95,6 +109,8 @@ class Links:
             _per_peer("latency", latency, n, "non-negative"),
             _per_peer("bandwidth", bandwidth, n, "positive"),
             checked,
+            _non_negative("stack_latency", stack_latency),
+            math.inf if stack_bandwidth is None else _positive("stack_bandwidth", stack_bandwidth),
         )
 
     @property
@@ -111,6 +127,9 @@ class Links:
             for (i, j), (a, b) in self.overrides.items():
                 hit = (source == i) & (target == j)
                 alpha[hit], beta[hit] = a, b
+        if self.stack_latency or math.isfinite(self.stack_bandwidth):
+            alpha = alpha + self.stack_latency
+            beta = 1.0 / (1.0 / beta + 1.0 / self.stack_bandwidth)
         return alpha, beta
 
     def transfer_time(self, source: np.ndarray, target: np.ndarray, size: float) -> np.ndarray:

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.app.peer_flags import add_optimizer_flags, check_optimizer_flags
+from peer.app.peer_flags import add_link_flags, add_optimizer_flags, check_optimizer_flags
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
@@ -121,6 +121,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     swarm.add_argument(
         "--peer-args", default="", metavar="ARGS", help="more peer flags, one shell-quoted string"
     )
+    add_link_flags(parser, who="each peer", pass_through=True)
     work = parser.add_argument_group("workload")
     work.add_argument(
         "--dataset",

@@ -6,6 +6,7 @@ flags come from :data:`gossip.settings.SETTINGS`), and which config fields the f
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import fields
 
 from peer.app.usage import (
@@ -14,6 +15,14 @@ from peer.app.usage import (
 )
 from peer.node.config import ALGORITHMS, MODES, PeerConfig
 from peer.node.topology import topology_names
+from peer.transport.shaping import (
+    BANDWIDTH_FORMS,
+    DURATION_FORMS,
+    LOSS_FORMS,
+    parse_bandwidth,
+    parse_duration,
+    parse_loss,
+)
 from workloads.optimizers import (
     LOCAL_OPTIMIZERS,
     OPTIMIZER_KEYS,
@@ -28,6 +37,7 @@ __all__ = [
     "NETWORK_FIELDS",
     "OPTIMIZER_FLAGS",
     "USER_CODE",
+    "add_link_flags",
     "add_optimizer_flags",
     "check_optimizer_flags",
     "peer_parser",
@@ -105,6 +115,62 @@ def add_optimizer_flags(group: argparse._ArgumentGroup) -> None:
             )
         else:
             group.add_argument(key.flag, type=_TYPES[key.name], default=default, help=help_text)
+
+
+def _flag_type(parse: Callable[[str], float]) -> Callable[[str], float]:
+    """``parse`` as an argparse type: its ``ValueError`` becomes the flag's one-line error."""
+
+    def convert(text: str) -> float:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def add_link_flags(
+    parser: argparse.ArgumentParser, *, who: str = "this peer", pass_through: bool = False
+) -> None:
+    """The emulated link's flags (``peer.transport.shaping``), the same on ``peer`` and
+    ``launch``: their own group, the simulator's ``[network]`` names; each value is stored in
+    the simulator's units (seconds, bytes per second, a probability). ``pass_through``
+    (``launch``): every default is ``None``, so a flag not given is not passed on."""
+    group = parser.add_argument_group(
+        "emulated link",
+        f"shape every model {who} sends (its uplink) over any network, loopback included: "
+        "no root, no netem; unset: not shaped",
+    )
+    group.add_argument(
+        "--latency",
+        type=_flag_type(parse_duration),
+        default=None if pass_through else 0.0,
+        metavar="TIME",
+        help=f"one-way delay of each message; {DURATION_FORMS}",
+    )
+    group.add_argument(
+        "--bandwidth",
+        type=_flag_type(parse_bandwidth),
+        default=None,
+        metavar="RATE",
+        help=f"uplink rate, a token bucket on the bytes sent; {BANDWIDTH_FORMS}",
+    )
+    group.add_argument(
+        "--jitter",
+        type=_flag_type(parse_duration),
+        default=None if pass_through else 0.0,
+        metavar="TIME",
+        help="each message's delay uniform in latency +- jitter (seeded by --seed)",
+    )
+    group.add_argument(
+        "--message-loss",
+        type=_flag_type(parse_loss),
+        default=None if pass_through else 0.0,
+        metavar="P",
+        help="each message lost with probability P (seeded by --seed); "
+        + LOSS_FORMS.replace("%", "%%"),
+    )
 
 
 def check_optimizer_flags(args: argparse.Namespace) -> LocalOptimizer:
@@ -257,6 +323,7 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     )
     work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
     add_optimizer_flags(work)
+    add_link_flags(parser)
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=0, help="optimizer steps, 0 = until a signal")
     run.add_argument("--status-every", type=int, default=50, help="steps between status lines")

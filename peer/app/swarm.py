@@ -43,7 +43,7 @@ PASS_THROUGH = (
     "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size",
     *OPTIMIZER_FLAGS, "seed", "steps", "device", "max_serving_share",
-    "checkpoint_every", "log_level",
+    "checkpoint_every", "log_level", "latency", "bandwidth", "jitter", "message_loss",
 )  # fmt: skip
 """Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``); every
 algorithm setting (``gossip.settings.SETTING_NAMES``) among them."""

@@ -20,6 +20,7 @@ from gossip.settings import SETTING_NAMES, setting_fields
 from peer.node.membership import check_address
 from peer.protocol.wire import SENDER_ID_PATTERN
 from peer.transport.admission import DEFAULT_SERVING_SHARE
+from peer.transport.shaping import LINK_FIELDS, LinkError, LinkSettings
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
 from workloads.device import resolve_device as resolve_device  # re-exported for peer.*
 
@@ -145,6 +146,13 @@ class PeerConfig:
     Checkpoints:
         checkpoint_dir, checkpoint_every (steps, 0 = off), keep_checkpoints, resume.
 
+    Emulated link (``peer.transport.shaping``; the simulator's ``[network]`` names and
+    units; all unset: nothing is shaped):
+        latency: one-way delay of every message this peer sends, seconds.
+        bandwidth: this peer's uplink, bytes per second (``None``: not limited).
+        jitter: each message's delay is uniform in ``latency ± jitter`` seconds.
+        message_loss: probability that a message this peer sends is lost.
+
     Model and records:
         average_buffers: ship and mix the model's floating-point buffers (BatchNorm running
             statistics) with its parameters, as one flat vector. ``False`` keeps each
@@ -193,6 +201,10 @@ class PeerConfig:
     resume: bool = False
     average_buffers: bool = True
     log_dir: str | None = None
+    latency: float = 0.0
+    bandwidth: float | None = None
+    jitter: float = 0.0
+    message_loss: float = 0.0
 
     if TYPE_CHECKING:  # the settings' fields (gossip.settings.setting_fields)
 
@@ -272,6 +284,15 @@ class PeerConfig:
             raise _error(
                 "join", "must name at least one peer when {client_only} is set", "client_only"
             )
+        try:
+            self.link  # noqa: B018  (checked here, built where used)
+        except LinkError as error:
+            raise _error(error.field, error.reason) from None
+
+    @property
+    def link(self) -> LinkSettings:
+        """The emulated uplink's settings (``peer.transport.shaping``)."""
+        return LinkSettings(**{name: getattr(self, name) for name in LINK_FIELDS})
 
     def _check_fanout(self) -> None:
         """``fanout`` and ``max_serving_share`` are async settings: an error in sync mode

@@ -45,6 +45,7 @@ from peer.protocol.swarm_secret import load_secret, warn_open_swarm
 from peer.protocol.tls import client_ssl_context
 from peer.protocol.wire import Envelope, ModelSpec, max_body_bytes
 from peer.transport.client import PeerClient
+from peer.transport.shaping import EmulatedLink
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class PeerContext:
     attack_generator: torch.Generator
     rng: random.Random
     """The peer's one random generator (neighbour order, view refreshes)."""
+    link: EmulatedLink | None
+    """The emulated uplink its client and server send on (seeded by seed and id), or None."""
     round: int = 0
     address: str | None = None
     client: PeerClient | None = None
@@ -144,6 +147,11 @@ class PeerContext:
                 node_seed(config.seed + 1, config.peer_id)
             ),
             rng=random.Random(f"{config.seed}:{config.peer_id}"),
+            link=(
+                EmulatedLink(config.link, seed=f"link:{config.seed}:{config.peer_id}")
+                if config.link.shaped
+                else None
+            ),
         )
 
     # ------------------------------------------------------------------ the trainer's parts
@@ -217,6 +225,7 @@ class PeerContext:
             max_body_bytes=self.max_body_bytes,
             ssl_context=context,
             on_bytes=lambda direction, n: self.metrics.bytes(direction=direction).inc(n),
+            link=self.link,
         )
         return self.client
 

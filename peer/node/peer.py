@@ -270,7 +270,11 @@ class Peer:
                     config.tls_cert, config.tls_key, cafile=config.tls_ca
                 )
             self._listening = await listen(
-                self.handlers, config.host, config.port, ssl_context=server_context
+                self.handlers,
+                config.host,
+                config.port,
+                ssl_context=server_context,
+                link=ctx.link,
             )
             ctx.address = config.advertise or f"{config.host}:{self._listening.port}"
             self.membership.self_address = check_address(ctx.address)

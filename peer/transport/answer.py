@@ -39,18 +39,39 @@ async def send_envelope(
 ) -> web.StreamResponse:
     """Write ``reply`` now (the caller holds its slot until it is written), signed as the
     request was (``stream``: a Poly1305 tag trailer; else a digest signature header), under
-    the body deadline; a reader too slow for it is cut off (``request[ANSWERED]``)."""
+    the body deadline; a reader too slow for it is cut off (``request[ANSWERED]``). On an
+    emulated link (``ctx.link``) it is delayed and paced, and a lost answer takes its time,
+    then the connection is cut (``unanswered``: the caller gets nothing)."""
     secret = ctx.service.secret
     signing = secret is not None and nonce is not None
     tag_key = None
     if signing and stream:
         tag_key = body_key(secret, nonce, "response", 200)  # type: ignore[arg-type]
-    body = EnvelopeBody(envelope_object(reply), tag_key=tag_key)
+    link = ctx.link
+    delay, lost = link.draw() if link is not None else (0.0, False)
+    body = EnvelopeBody(envelope_object(reply), tag_key=tag_key, link=link, delay=delay)
     try:
+        if lost:
+            return await _lose_answer(ctx, request, body, delay)
         return await _write_envelope(ctx, request, body, nonce, signing and not stream)
     finally:
         await body.settled()  # a worker still filling the answer keeps the slot
         body.release()  # the answer's memory goes with the slot
+
+
+async def _lose_answer(
+    ctx: ServerContext, request: web.Request, body: EnvelopeBody, delay: float
+) -> web.StreamResponse:
+    """An answer lost on the emulated link: its time on the link passes, then the
+    connection is cut before a byte of it is written."""
+    assert ctx.link is not None
+    ctx.service.metrics.bytes(direction="out").inc(body.size or 0)
+    await ctx.link.spend(delay, body.size or 0)
+    server_log.info("%s %s: answer lost on the emulated link", request.method, request.path)
+    request[ANSWERED] = "unanswered"
+    if request.transport is not None:
+        request.transport.abort()
+    return web.StreamResponse(status=200)
 
 
 async def _write_envelope(

@@ -16,6 +16,7 @@ before the whole body is read and authenticated.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from collections.abc import AsyncIterator, Iterator
@@ -38,6 +39,7 @@ from peer.protocol.msgpack_stream import (
     segments_length,
 )
 from peer.protocol.source import BodySource
+from peer.transport.shaping import SHAPED_SLICE_BYTES, EmulatedLink
 
 MSGPACK = "application/msgpack"
 CHUNK_BYTES = 1 << 20
@@ -80,11 +82,24 @@ class EnvelopeBody(Payload):
     worker writes it; if the worker fails, :meth:`write` raises
     :class:`~peer.protocol.growing.ProducerFailed` before the body is complete (the reader then
     applies nothing). :meth:`settled` waits for such workers, whatever became of the body.
+
+    ``link``: the sender's emulated uplink (``peer.transport.shaping``): the body waits
+    ``delay`` seconds, then goes out paced by the link's token bucket. ``None`` (no
+    shaping): written as fast as the socket takes it, the path unchanged.
     """
 
-    def __init__(self, obj: Any, *, tag_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        obj: Any,
+        *,
+        tag_key: bytes | None = None,
+        link: EmulatedLink | None = None,
+        delay: float = 0.0,
+    ) -> None:
         self.pieces = segments(obj)
         self.tag_key = tag_key
+        self.link = link
+        self.delay = delay
         self._growing = [p for p in self.pieces if isinstance(p, GrowingBuffer)]
         super().__init__(self.pieces, content_type=MSGPACK)
         self._size = segments_length(self.pieces) + (TAG_BYTES if tag_key is not None else 0)
@@ -110,6 +125,9 @@ class EnvelopeBody(Payload):
         return data + (poly1305_tag(self.tag_key, data) if self.tag_key is not None else b"")
 
     async def write(self, writer: AbstractStreamWriter) -> None:
+        if self.link is not None:
+            await self._write_shaped(writer, self.link)
+            return
         mac = Poly1305(self.tag_key) if self.tag_key is not None else None
         for piece in self.pieces:
             async for part in _ready_slices(piece):
@@ -120,6 +138,30 @@ class EnvelopeBody(Payload):
             await writer.write(mac.finalize())
         # written: let go of the sender's memory now (the HTTP layer may keep this object
         # until the next request on the connection, and with it a model-sized buffer)
+        self.pieces = []
+        self._value = None
+
+    async def _write_shaped(self, writer: AbstractStreamWriter, link: EmulatedLink) -> None:
+        """:meth:`write` over the emulated link: the message's delay, then each slice of at
+        most :data:`~peer.transport.shaping.SHAPED_SLICE_BYTES` once the bucket lets it (no
+        bandwidth: the usual slices)."""
+        if self.delay > 0:
+            await asyncio.sleep(self.delay)
+        mac = Poly1305(self.tag_key) if self.tag_key is not None else None
+        paced = SHAPED_SLICE_BYTES if link.settings.bandwidth is not None else CHUNK_BYTES
+        for piece in self.pieces:
+            async for part in _ready_slices(piece):
+                view = memoryview(part)
+                for start in range(0, view.nbytes, paced):
+                    chunk = view[start : start + paced]
+                    if mac is not None:
+                        mac.update(chunk)
+                    await link.pace(chunk.nbytes)
+                    await writer.write(chunk)
+        if mac is not None:
+            tag = mac.finalize()
+            await link.pace(len(tag))
+            await writer.write(tag)
         self.pieces = []
         self._value = None
 

@@ -66,6 +66,7 @@ from peer.transport.answers import (
 )
 from peer.transport.body import MSGPACK, EnvelopeBody, read_envelope_object
 from peer.transport.receive import can_take_over, take_over
+from peer.transport.shaping import EmulatedLink
 
 __all__ = ["EXPECT_CONTINUE_BYTES", "PeerClient", "PeerUnavailable", "RemoteRefused"]
 
@@ -100,6 +101,10 @@ class PeerClient:
             computed whole before it is sent and the answer's checked once it is read (the
             callee must then admit a digest-signed model-sized body: its
             ``max_unauthenticated_bytes``). The same bits either way.
+        link: the peer's emulated uplink (``peer.transport.shaping``): every envelope body
+            sent is delayed, paced and perhaps lost on it (a lost one raises
+            :class:`PeerUnavailable` once its time on the link has passed). ``None``: not
+            shaped.
 
     ``direct_reads`` and ``stream_signed`` are kept as attributes of the same names, read at
     every call.
@@ -119,6 +124,7 @@ class PeerClient:
         on_bytes: Callable[[str, int], None] | None = None,
         direct_reads: bool | None = None,
         stream_signed: bool = True,
+        link: EmulatedLink | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -131,6 +137,7 @@ class PeerClient:
         self.on_bytes = on_bytes
         self.direct_reads = socket_reads.DIRECT_READS if direct_reads is None else direct_reads
         self.stream_signed = stream_signed
+        self.link = link
 
     async def __aenter__(self) -> PeerClient:
         return self
@@ -313,8 +320,16 @@ class PeerClient:
             if secret is not None and envelope is not None and stream
             else None
         )
-        body = EnvelopeBody(envelope_object(envelope), tag_key=tag_key) if envelope else None
+        link = self.link if envelope is not None else None
+        delay, lost = link.draw() if link is not None else (0.0, False)
+        body = (
+            EnvelopeBody(envelope_object(envelope), tag_key=tag_key, link=link, delay=delay)
+            if envelope
+            else None
+        )
         length = body.size or 0 if body is not None else 0
+        if lost:
+            await self._lose(address, body, delay, length)
         headers: dict[str, str] = {}
         if secret is not None:
             assert receiver is not None  # a secret always resolves the receiver
@@ -374,6 +389,21 @@ class PeerClient:
         if status >= 300:
             raise_refusal(address, status, data)
         return obj
+
+    async def _lose(
+        self, address: str, body: EnvelopeBody | None, delay: float, length: int
+    ) -> None:
+        """A request body lost on the emulated link: its time passes, it never arrives."""
+        assert self.link is not None
+        try:
+            await self.link.spend(delay, length)
+        finally:
+            if body is not None:
+                await body.settled()
+                body.release()
+        if self.on_bytes is not None:
+            self.on_bytes("out", length)
+        raise PeerUnavailable(address, "message lost on the emulated link (message_loss)")
 
     async def _read_answer(
         self,

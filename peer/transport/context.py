@@ -13,6 +13,7 @@ from peer.transport.admission import ByteBudget, ServerLimits, ServingShare, Slo
 from peer.transport.body import ArenaPool
 from peer.transport.responses import error_response
 from peer.transport.service import DIRECT_READ, ServerState, Service, server_log
+from peer.transport.shaping import EmulatedLink
 from peer.transport.socket_reads import DirectReads
 
 __all__ = ["ServerContext"]
@@ -21,7 +22,8 @@ __all__ = ["ServerContext"]
 @dataclass
 class ServerContext:
     """One app's service, limits, exchange slots, unauthenticated byte budget, receive
-    buffers, body reads and serving share (:meth:`of` makes them from the limits)."""
+    buffers, body reads and serving share (:meth:`of` makes them from the limits), and the
+    peer's emulated uplink its answers go out on (``None``: not shaped)."""
 
     service: Service
     limits: ServerLimits
@@ -30,10 +32,16 @@ class ServerContext:
     arenas: ArenaPool
     reads: DirectReads
     share: ServingShare | None = field(default=None)
+    link: EmulatedLink | None = field(default=None)
 
     @classmethod
     def of(
-        cls, service: Service, limits: ServerLimits, *, direct_reads: bool | None = None
+        cls,
+        service: Service,
+        limits: ServerLimits,
+        *,
+        direct_reads: bool | None = None,
+        link: EmulatedLink | None = None,
     ) -> ServerContext:
         """The context of one app; ``direct_reads``: :class:`DirectReads`' ``direct``."""
         return cls(
@@ -47,6 +55,7 @@ class ServerContext:
             ),
             reads=DirectReads(direct=direct_reads),
             share=service.serving_share,
+            link=link,
         )
 
     @property

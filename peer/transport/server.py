@@ -68,6 +68,7 @@ from peer.transport.service import (
     ServerState,
     Service,
 )
+from peer.transport.shaping import EmulatedLink
 
 __all__ = [
     "BODY_DEADLINE_S",
@@ -87,15 +88,21 @@ __all__ = [
 
 
 def build_app(
-    service: Service, limits: ServerLimits | None = None, *, direct_reads: bool | None = None
+    service: Service,
+    limits: ServerLimits | None = None,
+    *,
+    direct_reads: bool | None = None,
+    link: EmulatedLink | None = None,
 ) -> web.Application:
     """The aiohttp application serving ``service``'s endpoints within ``limits`` (default:
     :meth:`~peer.transport.admission.ServerLimits.of` the service). Serve it with :func:`make_runner`
     for the connection bound and JSON answers to unparseable requests. ``direct_reads``:
     ``False`` reads every body through aiohttp's public stream
-    (:class:`~peer.transport.socket_reads.DirectReads`; ``None``: directly where it can)."""
+    (:class:`~peer.transport.socket_reads.DirectReads`; ``None``: directly where it can).
+    ``link``: the peer's emulated uplink its envelope answers go out on
+    (:mod:`peer.transport.shaping`; ``None``: not shaped)."""
     limits = ServerLimits.of(service) if limits is None else limits
-    ctx = ServerContext.of(service, limits, direct_reads=direct_reads)
+    ctx = ServerContext.of(service, limits, direct_reads=direct_reads, link=link)
 
     async def exchange_endpoint(request: web.Request) -> web.StreamResponse:
         return await Exchange(ctx, request).run()
@@ -115,11 +122,15 @@ def build_app(
 
 
 def make_runner(
-    service: Service, limits: ServerLimits | None = None, *, direct_reads: bool | None = None
+    service: Service,
+    limits: ServerLimits | None = None,
+    *,
+    direct_reads: bool | None = None,
+    link: EmulatedLink | None = None,
 ) -> web.AppRunner:
     """The runner serving ``service`` (``await runner.setup()``, then a ``web.TCPSite``):
     :func:`build_app` within ``limits`` (default :meth:`ServerLimits.of` the service) and
-    ``direct_reads``, served with the connection bound, the idle and header deadline,
+    ``direct_reads`` (and ``link``), served with the connection bound, the idle and header deadline,
     aiohttp's header parser bounds, no decoding of content-encoded bodies (they are
     refused unread), and JSON answers to requests aiohttp cannot parse."""
     limits = ServerLimits.of(service) if limits is None else limits
@@ -128,7 +139,7 @@ def make_runner(
         service.metrics.errors(code=Overloaded.code).inc()
 
     return PeerRunner(
-        build_app(service, limits, direct_reads=direct_reads),
+        build_app(service, limits, direct_reads=direct_reads, link=link),
         max_connections=limits.max_connections,
         on_refused=refused,
         access_log=None,
@@ -165,10 +176,12 @@ async def listen(
     *,
     ssl_context: ssl.SSLContext | None = None,
     limits: ServerLimits | None = None,
+    link: EmulatedLink | None = None,
 ) -> Listening:
     """Serve ``service`` on ``host:port`` (port 0: an ephemeral one) through
-    :func:`make_runner`; the bound port is :attr:`Listening.port`."""
-    runner = make_runner(service, limits)
+    :func:`make_runner`, answers on ``link`` (the peer's emulated uplink, ``None``: not
+    shaped); the bound port is :attr:`Listening.port`."""
+    runner = make_runner(service, limits, link=link)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context)

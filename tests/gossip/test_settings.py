@@ -119,7 +119,8 @@ def test_launch_passes_every_setting_through_to_its_peers(tmp_path: Path) -> Non
     args = argparse.Namespace(
         **{name: None for name in ("algorithm", "mode", "fanout", "round_deadline_s",
                                    "topology", "topology_weights", "device",
-                                   "max_serving_share", "log_level")},
+                                   "max_serving_share", "log_level", "latency",
+                                   "bandwidth", "jitter", "message_loss")},
         **values, dataset="synthetic", partition="iid", model="mlp", batch_size=8,
         **(optimizer | {"optimizer": "adamw", "lr": 0.1, "weight_decay": 0.01}), seed=0,
         steps=10, checkpoint_every=0, peers=2, peer_args="",
