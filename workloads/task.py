@@ -336,8 +336,15 @@ def check_model_fits(model: nn.Module, data: Dataset, *, batch_size: int = 4) ->
             try:
                 output = model(x)
             except Exception as error:
+                hint = (
+                    " (language-model data are integer tokens [B, L]: the model must embed "
+                    "them, as gpt does)"
+                    if task.name == LANGUAGE_MODEL
+                    else ""
+                )
                 raise ModelMismatchError(
-                    f"the model fails on one batch of the data set's {inputs}: {_one_line(error)}"
+                    f"the model fails on one batch of the data set's {inputs}: "
+                    f"{_one_line(error)}{hint}"
                 ) from None
             if not isinstance(output, Tensor):
                 raise ModelMismatchError(
