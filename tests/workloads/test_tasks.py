@@ -50,6 +50,12 @@ def test_an_npz_declares_its_task_by_its_task_entry_or_by_y(tmp_path: Path) -> N
     wide = tmp_path / "wide.npz"  # [N, 3] targets: three outputs per sample
     np.savez(wide, x=np.ones((20, 2), np.float32), y=np.ones((20, 3), np.float32))
     assert load_dataset(str(wide)).num_classes == 3
+    (tmp_path / "mydata.py").write_text(  # a factory's mapping declares its task the same way
+        "import numpy as np\n\n\ndef load():\n"
+        "    return {'x': np.ones((30, 2)), 'y': np.arange(30) % 4, 'task': 'regression'}\n"
+    )
+    made = load_dataset(f"{tmp_path / 'mydata.py'}:load")
+    assert (made.task, made.num_classes, made.y_test.dtype) == ("regression", 1, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -188,3 +194,24 @@ def test_launchs_table_shows_a_regressions_mean_squared_error(
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line]
     assert ["peer-0", "20", "0.5", "+0.25", "4", "0"] in cells
     assert "test MSE" in out and "%" not in out and math.isfinite(peer["test_mse"])
+
+
+def test_workloads_inspect_names_the_task_and_refuses_a_model_that_does_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workloads.cli import main
+
+    path = regression_file(tmp_path)
+    assert main(["inspect", "--dataset", str(path), "--model", "logistic", "--peers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "task       regression: trained on the mean squared error, scored by test mean " \
+        "squared error (lower is better)" in out  # fmt: skip
+    with pytest.raises(SystemExit) as exited:  # a token model on float features
+        main(["inspect", "--dataset", str(path), "--model", "gpt:layers=1,width=8,heads=2"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"gossipnet workloads: error: --model gpt:layers=1,width=8,heads=2 does not fit "
+        f"--dataset {path}: the model fails on one batch of the data set's inputs x [4, 4] "
+        "float32: "
+    )
