@@ -7,7 +7,8 @@ table or plain lines show each peer's step, loss, neighbours and bytes/s, polled
 ``GET /v1/status`` (:mod:`peer.app.progress`); meanwhile the launcher trains one *centralized*
 model on all the data with the peers' combined batch (N x batch size) for as many steps,
 i.e. on the same number of samples (:func:`workloads.train_centralized`). At the end every
-peer writes its test accuracy (``gossipnet peer --eval-out``) and the launcher prints each
+peer writes its test metrics (``gossipnet peer --eval-out``: the data set's task's, accuracy,
+bits per byte or mean squared error, :mod:`workloads.task`) and the launcher prints each
 beside the centralized one (:mod:`peer.app.report`). Ctrl-C (or SIGTERM) stops the swarm
 cleanly: SIGTERM to the group, a grace period for the final checkpoints, then SIGKILL, no
 orphans.
@@ -81,7 +82,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         prog=prog,
         description=(
             f"Run {what}: N gossipnet peer processes on 127.0.0.1 train one model together; "
-            "a live table shows their progress, and at the end each peer's test accuracy is "
+            "a live table shows their progress, and at the end each peer's test metric is "
             "printed beside a centralized run on the same data and number of samples."
         ),
         epilog="Every option but --peers, --client-only, --dir, --json, --progress, "

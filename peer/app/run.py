@@ -9,7 +9,9 @@ after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stde
 a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
 evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
 final JSON status line. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
-:mod:`peer.node.logbook`) per chunk and a last one with the test accuracy. A join that no ``--join`` address answered within
+:mod:`peer.node.logbook`) per chunk and a last one with the test metrics of the data set's
+task (:mod:`workloads.task`). Before anything starts, one forward pass of one batch checks
+the model against the data (:func:`check_fit`). A join that no ``--join`` address answered within
 ``--join-timeout-s`` is one error line and exit code 2.
 """
 
@@ -115,7 +117,7 @@ async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
     2 when no ``--join`` address answered (one line on stderr naming it). With
     ``--log-dir`` (``PeerConfig.log_dir``) a :class:`~peer.node.logbook.Logbook` records a row
     per chunk of ``--status-every`` steps (the cadence of the status lines, live or not)
-    and a last one after the stop, with the test accuracy when ``--eval-out`` evaluated."""
+    and a last one after the stop, with the task's test metrics when ``--eval-out`` evaluated."""
     logbook = None
     if peer.config.log_dir is not None:  # opened before the peer starts: a problem stops here
         logbook = await asyncio.to_thread(Logbook.open, peer.config.log_dir, run_name=peer.peer_id)
