@@ -119,10 +119,10 @@ def main(argv: Sequence[str], prog: str = "gossipnet workloads") -> int:
         classes = (label_histogram(data.y_train, parts, data.num_classes) > 0).sum(1).float()
         spread = f"classes per peer mean {float(classes.mean()):.2f} of {data.num_classes}"
     print(f"dataset    {data!r}")
-    print(f"task       {data.task}: trained on {_loss_name(data.task)}, scored by {_scored(data)}")
     print(
         f"partition  {args.partition} over {args.peers} peers: samples per peer "
         f"min {min(sizes)} mean {sum(sizes) / len(sizes):.1f} max {max(sizes)}; {spread}"
     )
     print(f"model      {args.model}: {parameter_count(model):,} parameters")
+    print(f"task       {data.task}: trained on {_loss_name(data.task)}, scored by {_scored(data)}")
     return 0
