@@ -48,6 +48,7 @@ from sim.network import ComputeModel, Failures, Links
 from topologies.edgelist import graph_from_edges
 from workloads.cache import default_cache_dir
 from workloads.device import resolve_device
+from workloads.task import REGRESSION
 
 __all__ = [
     "build",
@@ -244,6 +245,12 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         data = load_workload_dataset(w)
     except (ValueError, ImportError) as error:
         raise _fail("workload.dataset", str(error)) from None
+    if data.task == REGRESSION:  # records and figures are a classifier's or a language model's
+        raise _fail(
+            "workload.dataset",
+            f"{w.dataset} is regression data; the simulator trains classification and "
+            "language-model data, regression runs in gossipnet peer and launch",
+        )
     peer_labels = config.peer_labels()
     try:
         if w.label_sets is not None and peer_labels is not None:

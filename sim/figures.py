@@ -187,16 +187,21 @@ def target_accuracy(
     finals = _finite(records[-1].headline for records in runs.values() if records)
     if not finals:
         return math.nan
-    return min(finals) / fraction if _language(runs) else fraction * max(finals)
+    from workloads.task import CLASSIFICATION, LANGUAGE_MODEL, TASKS
+
+    task = TASKS[LANGUAGE_MODEL if _language(runs) else CLASSIFICATION]
+    best = task.best(finals)  # the direction is the task's (workloads.task)
+    return fraction * best if task.higher_is_better else best / fraction
 
 
 def time_to_target(records: Sequence[Record], target: float) -> float | None:
     """Simulated time of the first evaluation whose test accuracy is >= ``target`` (bits per
     byte <= ``target``, for a language model); ``None`` when the run never reached it."""
+    from workloads.task import TASKS
+
     for record in records:
-        if record.test_bits_per_byte is None and record.test_accuracy >= target:
-            return float(record.time)
-        if record.test_bits_per_byte is not None and record.test_bits_per_byte <= target:
+        value = record.headline
+        if value == target or TASKS[record.task].better(value, target):
             return float(record.time)
     return None
 

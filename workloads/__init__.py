@@ -5,8 +5,9 @@ all peers at once (:class:`StackedBatchSampler`), a networked peer iterates its
 own (:func:`peer_batches`), and the two see the same samples for the same seed. Both
 keep generated data sets in :func:`default_cache_dir`; :func:`train_centralized` is the
 one-model reference a swarm is compared with. A language model (``text`` data set, ``gpt``
-model) is scored by validation loss and bits per byte, a classifier by accuracy
-(:mod:`workloads.task`); :func:`generate` continues a prompt with a trained model. Your own model or data set code comes in as
+model) is scored by validation loss and bits per byte, a classifier by accuracy, a
+regression by the mean squared error (:mod:`workloads.task`, which also checks a model
+against the data before a run: :func:`check_model_fits`); :func:`generate` continues a prompt with a trained model. Your own model or data set code comes in as
 ``MODULE:FACTORY`` (:mod:`workloads.user_code`), an ``.npz`` file as ``FILE.npz``.
 
     >>> from workloads import load_dataset, partition, build_model, StackedBatchSampler
@@ -60,7 +61,17 @@ from workloads.partition import (
     partition,
     shards,
 )
-from workloads.task import TASKS, Task, bits_per_byte, cross_entropy, evaluate, metrics
+from workloads.task import (
+    TASKS,
+    ModelMismatchError,
+    Task,
+    bits_per_byte,
+    check_model_fits,
+    cross_entropy,
+    evaluate,
+    mean_squared_error,
+    metrics,
+)
 from workloads.text import text
 from workloads.user_code import UserCodeError
 
@@ -75,6 +86,7 @@ __all__ = [
     "DataFileError",
     "Dataset",
     "DatasetConfig",
+    "ModelMismatchError",
     "NotBatchableError",
     "Param",
     "PeerBatchSampler",
@@ -86,6 +98,7 @@ __all__ = [
     "build_model",
     "check_batchable",
     "check_dataset_spec",
+    "check_model_fits",
     "check_model_spec",
     "check_partition_spec",
     "cross_entropy",
@@ -98,6 +111,7 @@ __all__ = [
     "label_histogram",
     "layer_chain",
     "load_dataset",
+    "mean_squared_error",
     "metrics",
     "parameter_count",
     "partition",

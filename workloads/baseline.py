@@ -10,7 +10,7 @@ centralized algorithms?"). ``gossipnet launch`` prints each peer's test accuracy
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -18,21 +18,24 @@ from torch import nn
 from workloads.batching import peer_batches
 from workloads.datasets import Dataset
 from workloads.optimizers import SGD_MOMENTUM, LocalOptimizer
-from workloads.task import CLASSIFICATION, cross_entropy, evaluate
+from workloads.task import LANGUAGE_MODEL, evaluate, task_named
 
 
 @dataclass
 class CentralizedResult:
-    """What the centralized reference reached: test ``accuracy`` and mean test ``loss`` after
-    ``samples`` training samples, and for a language model ``bits_per_byte`` (else None;
-    its accuracy is next-token top-1); ``error`` says why there is no result (then the others
-    are None and 0)."""
+    """What the centralized reference reached after ``samples`` training samples: its
+    ``task`` and that task's ``metrics`` on the test set (:func:`workloads.task.metrics`:
+    ``accuracy`` and ``loss`` of a classifier, plus ``bits_per_byte`` of a language model,
+    ``mse`` and ``loss`` of a regression); ``accuracy`` and ``loss`` repeat two of them
+    (accuracy None where the task has none); ``error`` says why there is no result (then the
+    others are None, empty and 0)."""
 
     accuracy: float | None = None
     loss: float | None = None
     samples: int = 0
     error: str | None = None
-    bits_per_byte: float | None = None
+    task: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def train_centralized(
@@ -54,12 +57,13 @@ def train_centralized(
     ``steps`` steps of the local optimizer ``optimizer`` (a
     :class:`workloads.optimizers.LocalOptimizer`, with its schedule over these ``steps`` and
     its clipping: the optimizer a peer builds from the same flags; or its name with ``lr``,
-    ``momentum`` (SGD's, 0.9 unless given) and ``weight_decay``) on the task's loss, each
+    ``momentum`` (SGD's, 0.9 unless given) and ``weight_decay``) on the task's loss (:attr:`workloads.task.Task.loss`), each
     on ``batch_size``
     samples drawn by :func:`workloads.peer_batches` over every training index with ``seed``
     and ``stream`` (its ``peer``: the launcher passes N, a stream none of peers 0..N-1
     draws), then the task's metrics on the test set (:func:`workloads.task.evaluate`: accuracy
-    and mean cross entropy, and bits per byte for a language model). Setting ``stop`` ends the
+    and mean cross entropy, bits per byte for a language model, the mean squared error of a
+    regression). Setting ``stop`` ends the
     run early: the result's ``error`` then says ``"stopped before the end"``.
 
     Example::
@@ -84,20 +88,22 @@ def train_centralized(
             keys["momentum"] = SGD_MOMENTUM if momentum is None else momentum
         settings = LocalOptimizer.from_keys(keys)
     step = settings.for_run(steps).torch_optimizer(model.parameters())
+    loss = task_named(data.task).loss
     indices = torch.arange(int(data.y_train.shape[0]))
     batches = peer_batches(data, indices, batch_size=batch_size, seed=seed, peer=stream)
     for _, (x, y) in zip(range(steps), batches, strict=False):
         if stop is not None and stop.is_set():
             return CentralizedResult(error="stopped before the end")
         step.zero_grad()
-        cross_entropy(model(x), y).backward()
+        loss(model(x), y).backward()
         step.step()
-    chunk = len(data.y_test) if data.task == CLASSIFICATION else 32  # logits [32, L, V]
+    chunk = 32 if data.task == LANGUAGE_MODEL else len(data.y_test)  # logits [32, L, V]
     scores = evaluate(model, data.x_test, data.y_test, data.task, batch_size=chunk)
     model.eval()
     return CentralizedResult(
-        accuracy=scores["accuracy"],
+        accuracy=scores.get("accuracy"),
         loss=scores["loss"],
         samples=steps * batch_size,
-        bits_per_byte=scores.get("bits_per_byte"),
+        task=data.task,
+        metrics=scores,
     )

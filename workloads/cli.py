@@ -17,6 +17,13 @@ from workloads.datasets import DATASETS, DEFAULT_DATASET, load_dataset
 from workloads.formats import DataFileError
 from workloads.models import MODELS, build_model, parameter_count
 from workloads.partition import PARTITIONS, label_histogram, partition
+from workloads.task import (
+    LANGUAGE_MODEL,
+    REGRESSION,
+    TASKS,
+    ModelMismatchError,
+    check_model_fits,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,6 +72,17 @@ def _listing(title: str, registry: Mapping[str, Entry[Any]]) -> list[str]:
     return lines
 
 
+def _loss_name(task: str) -> str:
+    return "the mean squared error" if task == REGRESSION else "cross entropy"
+
+
+def _scored(data: Any) -> str:
+    """The task's headline, and whether lower is better."""
+    found = TASKS[data.task]
+    better = "higher" if found.higher_is_better else "lower"
+    return f"{found.title(data.num_classes)} ({better} is better)"
+
+
 def main(argv: Sequence[str], prog: str = "gossipnet workloads") -> int:
     """Run the subcommand; returns the exit code (argparse exits 2 on bad input)."""
     parser = _parser(prog)
@@ -87,10 +105,16 @@ def main(argv: Sequence[str], prog: str = "gossipnet workloads") -> int:
         model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
     except ValueError as error:
         parser.error(f"--model: {error}")
+    try:
+        check_model_fits(model, data)
+    except ModelMismatchError as error:
+        parser.error(f"--model {args.model} does not fit --dataset {args.dataset}: {error}")
     sizes = [len(p) for p in parts]
-    if data.task == "language-model":  # next tokens are no class labels: count the tokens
+    if data.task == LANGUAGE_MODEL:  # next tokens are no class labels: count the tokens
         length = data.input_shape[0]
         spread = f"{length} tokens each, vocabulary {data.num_classes}"
+    elif data.task == REGRESSION:  # no classes either: the targets per sample
+        spread = f"regression, {data.num_classes} target value(s) per sample"
     else:
         classes = (label_histogram(data.y_train, parts, data.num_classes) > 0).sum(1).float()
         spread = f"classes per peer mean {float(classes.mean()):.2f} of {data.num_classes}"
@@ -100,4 +124,5 @@ def main(argv: Sequence[str], prog: str = "gossipnet workloads") -> int:
         f"min {min(sizes)} mean {sum(sizes) / len(sizes):.1f} max {max(sizes)}; {spread}"
     )
     print(f"model      {args.model}: {parameter_count(model):,} parameters")
+    print(f"task       {data.task}: trained on {_loss_name(data.task)}, scored by {_scored(data)}")
     return 0

@@ -8,7 +8,8 @@ Built in (``DATASETS``; spec syntax ``name:key=value,...``):
 - ``synthetic``: a seeded Gaussian-mixture classification set.
 - ``npz``: the user's own arrays from an ``.npz`` (``x, y, x_test, y_test``, or the
   training keys spelled ``x_train, y_train``, or ``x, y`` alone with a seeded held-out
-  split); ``FILE.npz`` alone is short for ``npz:path=FILE.npz``.
+  split), for any task (``y``'s dtype and shape say which, or a ``task`` entry);
+  ``FILE.npz`` alone is short for ``npz:path=FILE.npz``.
 - ``mnist``: MNIST (or Fashion-MNIST) IDX files from a local folder, gzipped or not.
 - ``cifar10``: CIFAR-10 from a local folder, binary or python version.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import random
 import tempfile
@@ -41,6 +43,7 @@ import numpy as np
 import torch
 
 from workloads._registry import REQUIRED, Entry, Param, lookup, parse_spec
+from workloads.formats import TASK_KEY as _TASK_KEY
 from workloads.formats import (
     DataFileError,
     check_arrays,
@@ -50,7 +53,7 @@ from workloads.formats import (
     read_idx,
     read_npz_arrays,
 )
-from workloads.task import CLASSIFICATION, LANGUAGE_MODEL, TASKS
+from workloads.task import CLASSIFICATION, LANGUAGE_MODEL, REGRESSION, TASKS
 from workloads.user_code import CodeSpec, UserCodeError, call_factory, load_factory, parse_code_spec
 
 __all__ = [
@@ -81,6 +84,10 @@ class Dataset:
     (L,)``), ``y_*`` int64 ``[N, L]`` the next tokens, every token in ``0 .. num_classes -
     1``: for a language model ``num_classes`` is the vocabulary size (256 for bytes).
 
+    ``task="regression"``: ``x_*`` float32 ``[N, *input_shape]``, ``y_*`` finite float32
+    ``[N, K, ...]`` (at least 2-D: one target is ``[N, 1]``); ``num_classes`` is then the
+    number of values a model outputs per sample, ``K·...`` (>= 1).
+
     Construction validates all of it and raises ``ValueError`` naming the field.
     """
 
@@ -94,10 +101,13 @@ class Dataset:
     task: str = CLASSIFICATION
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_classes, int) or self.num_classes < 2:
-            raise ValueError(f"Dataset.num_classes must be an int >= 2, got {self.num_classes!r}")
         if self.task not in TASKS:
             raise ValueError(f"Dataset.task: got {self.task!r}; allowed: {', '.join(TASKS)}")
+        least = 1 if self.task == REGRESSION else 2
+        if not isinstance(self.num_classes, int) or self.num_classes < least:
+            raise ValueError(
+                f"Dataset.num_classes must be an int >= {least}, got {self.num_classes!r}"
+            )
         object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
         language = self.task == LANGUAGE_MODEL
         for split in ("train", "test"):
@@ -107,6 +117,8 @@ class Dataset:
                 _check_tokens(split, x, y, self.num_classes)
             elif not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
                 raise ValueError(f"Dataset.x_{split} must be a float32 tensor, got {_describe(x)}")
+            elif self.task == REGRESSION:
+                _check_regression_targets(split, y, self.num_classes)
             elif not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.ndim != 1:
                 raise ValueError(
                     f"Dataset.y_{split} must be a 1-D int64 tensor, got {_describe(y)}"
@@ -120,6 +132,8 @@ class Dataset:
                 raise ValueError(
                     f"Dataset.y_{split} has {len(y)} labels but x_{split} has {len(x)} samples"
                 )
+            if self.task == REGRESSION:
+                continue
             if len(y) and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
                 raise ValueError(
                     f"Dataset.y_{split} labels must lie in 0..{self.num_classes - 1}, found "
@@ -180,6 +194,23 @@ def _check_tokens(split: str, x: Any, y: Any, vocabulary: int) -> None:
         )
 
 
+def _check_regression_targets(split: str, y: Any, outputs: int) -> None:
+    """A regression split's targets: finite float32 ``[N, ...]``, at least 2-D, with
+    ``outputs`` values per sample."""
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.float32 or y.ndim < 2:
+        raise ValueError(
+            f"Dataset.y_{split} of a regression must be a float32 tensor [N, K, ...] (one "
+            f"target: [N, 1]), got {_describe(y)}"
+        )
+    if math.prod(y.shape[1:]) != outputs:
+        raise ValueError(
+            f"Dataset.y_{split} has {math.prod(y.shape[1:])} values per sample, but "
+            f"num_classes (the model's outputs per sample) is {outputs}"
+        )
+    if y.numel() and not bool(torch.isfinite(y).all()):
+        raise ValueError(f"Dataset.y_{split} holds NaN or infinite regression targets")
+
+
 def _from_numpy(
     name: str,
     x_train: np.ndarray,
@@ -196,6 +227,28 @@ def _from_numpy(
         y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         num_classes=num_classes,
         input_shape=tuple(x_train.shape[1:]),
+    )
+
+
+def _targets_from_numpy(
+    name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray
+) -> Dataset:
+    """A regression's :class:`Dataset`: float32 inputs and targets, 1-D ``y`` as ``[N, 1]``."""
+
+    def floats(array: np.ndarray, targets: bool) -> torch.Tensor:
+        array = array[:, None] if targets and array.ndim == 1 else array
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+    y = floats(y_train, True)
+    return Dataset(
+        name=name,
+        x_train=floats(x_train, False),
+        y_train=y,
+        x_test=floats(x_test, False),
+        y_test=floats(y_test, True),
+        num_classes=math.prod(y.shape[1:]),
+        input_shape=tuple(x_train.shape[1:]),
+        task=REGRESSION,
     )
 
 
@@ -374,21 +427,28 @@ def npz(
     num_classes: int | None = None,
     test_fraction: float | None = None,
     seed: int = 0,
+    task: str | None = None,
 ) -> Dataset:
-    """The user's arrays from an ``.npz`` (no pickle).
+    """The user's arrays from an ``.npz`` (no pickle), for any task.
 
     Keys (:data:`~workloads.formats.LAYOUTS`): ``x, y, x_test, y_test``; or ``x_train,
     y_train, x_test, y_test``; or ``x, y`` (``x_train, y_train``) alone, in which case a
     seeded random ``test_fraction`` (default 0.2) of the samples is held out for testing,
     the same for every peer that loads the file with the same ``seed`` (default 0,
     independent of a run's seed so that every peer of a swarm holds out the same samples).
-    ``x`` numeric ``[N, ...]`` (cast to float32), ``y`` integer ``[N]``: a classifier's data.
-    ``x`` integer ``[N, L]`` and ``y`` integer ``[N, L]`` (the next token of each position) is
-    a language model's (``task="language-model"``), ``num_classes`` then the vocabulary size.
-    ``num_classes`` defaults to the largest label (token) + 1; when given, every label
-    (token) must be below it.
+
+    The task (:data:`~workloads.task.TASKS`) is ``task`` when given, else the file's
+    optional ``task`` entry (a string), else what ``y`` says
+    (:func:`~workloads.formats.infer_task`): ``x`` numeric ``[N, ...]`` (cast to float32)
+    and ``y`` integer ``[N]`` is a classifier's data; ``x`` integer ``[N, L]`` and ``y``
+    integer ``[N, L]`` (the next token of each position) a language model's, ``num_classes``
+    then the vocabulary size; ``y`` float ``[N, ...]`` a regression's (``[N]`` is read as
+    ``[N, 1]``; integer targets too when the task is declared). ``num_classes`` (not for a
+    regression, whose outputs are ``y``'s width) defaults to the largest label (token) + 1;
+    when given, every label (token) must be below it.
     """
-    return _from_arrays("npz", read_npz_arrays(path), path, num_classes, test_fraction, seed)
+    arrays = read_npz_arrays(path, task)
+    return _from_arrays("npz", arrays, path, num_classes, test_fraction, seed)
 
 
 def _from_arrays(
@@ -399,8 +459,14 @@ def _from_arrays(
     test_fraction: float | None,
     seed: int,
 ) -> Dataset:
-    """A :class:`Dataset` from checked arrays (:func:`~workloads.formats.check_arrays`),
-    holding out ``test_fraction`` when they have no test split."""
+    """A :class:`Dataset` from checked arrays (:func:`~workloads.formats.check_arrays`,
+    their task under its key), holding out ``test_fraction`` when they have no test split."""
+    task = str(arrays[_TASK_KEY])
+    if task == REGRESSION and num_classes is not None:
+        raise DataFileError(
+            f"{source}: num_classes applies to classification and language-model data; a "
+            "regression's outputs per sample are y's width; allowed: leave it out"
+        )
     if "x_test" in arrays:
         if test_fraction is not None:
             raise DataFileError(
@@ -426,7 +492,11 @@ def _from_arrays(
             "x_test": arrays["x"][test],
             "y_test": arrays["y"][test],
         }
-    language = arrays["y"].ndim == 2
+    if task == REGRESSION:
+        return _targets_from_numpy(
+            name, arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"]
+        )
+    language = task == LANGUAGE_MODEL
     keys = ("x", "y", "x_test", "y_test") if language else ("y", "y_test")
     tops = {key: int(arrays[key].max(initial=0)) for key in keys}
     largest = max(tops.values())
@@ -583,8 +653,15 @@ DATASETS: dict[str, Entry[Dataset]] = {
                 float, None, "held out for testing when the file has no x_test, y_test (0.2)", True
             ),
             "seed": Param(int, 0, "seed of that held-out split"),
+            "task": Param(
+                str,
+                None,
+                "classification, language-model or regression (default: the file's task "
+                "entry, else what y says)",
+                True,
+            ),
         },
-        "your own arrays from an .npz file",
+        "your own arrays from an .npz file (classification, language-model or regression)",
     ),
     "mnist": Entry(
         "mnist",

@@ -20,12 +20,18 @@ from typing import Any
 
 import numpy as np
 
+from workloads.task import CLASSIFICATION, LANGUAGE_MODEL, REGRESSION, TASKS
+
 __all__ = [
     "CIFAR10_RECORD_BYTES",
+    "TARGETS",
+    "TASK_KEY",
     "CifarUnpickler",
     "DataFileError",
     "UnsafePickleError",
     "check_arrays",
+    "declared_task",
+    "infer_task",
     "read_cifar10_binary_batch",
     "read_cifar10_python_batch",
     "read_idx",
@@ -246,17 +252,27 @@ def cifar10_batch_files(folder: Path) -> tuple[str, list[Path], Path]:
 NPZ_KEYS = ("x", "y", "x_test", "y_test")
 """The keys of a complete data set in an ``.npz``; ``x_train``/``y_train`` may stand for ``x``/``y``,
 and ``x_test``/``y_test`` may be left out (then the caller holds out a split)."""
+TASK_KEY = "task"
+"""The optional entry that declares the data set's task (:data:`workloads.task.TASKS`): a
+string in an ``.npz`` (``np.savez(..., task="regression")``) or a user factory's mapping."""
 _TRAIN_NAMES = {"x_train": "x", "y_train": "y"}
 LAYOUTS = "x, y, x_test, y_test; x_train, y_train, x_test, y_test; or x, y alone"
 """The key layouts :func:`check_arrays` accepts, as an error message lists them."""
+TARGETS = (
+    "1-D integer labels [N] (classification), integer next tokens [N, L] of x's shape "
+    "(language-model), or float targets [N, ...] (regression)"
+)
+"""What ``y`` may hold, as an error message lists it."""
 
 
-def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:
+def read_npz_arrays(path: str | Path, task: str | None = None) -> dict[str, np.ndarray]:
     """Load a data set's arrays from an ``.npz`` with ``allow_pickle=False``.
 
-    Returns ``x, y`` and, when the file has a test split, ``x_test, y_test``; the file may
-    spell the training keys ``x_train, y_train``. :func:`check_arrays` lists the checks.
-    Each error names the file and the key.
+    Returns ``x, y`` and, when the file has a test split, ``x_test, y_test``, and the
+    task under :data:`TASK_KEY`: ``task`` when given, else the file's entry, else what
+    ``y`` says; the file may spell
+    the training keys ``x_train, y_train``. :func:`check_arrays` lists the checks. Each
+    error names the file and the key.
     """
     path = Path(path)
     if not path.is_file():
@@ -270,7 +286,7 @@ def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:
     with archive:
         arrays: dict[str, np.ndarray] = {}
         for key in archive.files:
-            if key not in (*NPZ_KEYS, *_TRAIN_NAMES):
+            if key not in (*NPZ_KEYS, *_TRAIN_NAMES, TASK_KEY):
                 continue  # other arrays in the file are not ours to read
             try:
                 arrays[key] = archive[key]
@@ -280,24 +296,60 @@ def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:
                     "store a numeric array"
                 ) from None
         found = archive.files
+    if task is not None:
+        arrays[TASK_KEY] = np.array(task)
     return check_arrays(arrays, str(path), found=found)
+
+
+def declared_task(value: object, source: str) -> str:
+    """The task named by a data set's :data:`TASK_KEY` entry: a string (or a numpy string
+    scalar or one-element array) among :data:`workloads.task.TASKS`."""
+    text = value
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "US":
+        text = value.reshape(()).item()
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str) or text not in TASKS:
+        shown = text if isinstance(text, str) else f"a {type(value).__name__}"
+        raise DataFileError(
+            f"{source}: key {TASK_KEY!r} is {shown!r}; allowed: a string, one of {', '.join(TASKS)}"
+        )
+    return text
+
+
+def infer_task(x: np.ndarray, y: np.ndarray) -> str | None:
+    """The task the arrays' ``y`` says, or None when it says none: float ``y`` is
+    regression, 1-D integer ``y`` classification, integer ``y`` of ``x``'s 2-D shape a
+    language model's next tokens (``x`` must then be integer tokens too)."""
+    if y.dtype.kind == "f":
+        return REGRESSION
+    if y.dtype.kind in "iu" and y.ndim == 1:
+        return CLASSIFICATION
+    if y.dtype.kind in "iu" and y.ndim == 2 and y.shape == x.shape:
+        return LANGUAGE_MODEL
+    return None
 
 
 def check_arrays(
     arrays: dict[str, np.ndarray], source: str, found: list[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """The arrays of one data set under the keys ``x, y`` (and ``x_test, y_test`` when given),
-    checked: ``x``/``x_test`` numeric with at least 2 dimensions and equal per-sample shapes,
-    ``y``/``y_test`` integer and non-negative, either 1-D labels ``[N]`` (classification) or
-    next tokens ``[N, L]`` of ``x``'s shape (a language model: ``x`` integer tokens too), one
-    per sample, ``x`` not empty; no object
-    arrays. ``x_train``/``y_train`` are accepted for ``x``/``y``. ``source`` names the file
-    (or factory) in errors; ``found`` lists every key it had."""
+    """The arrays of one data set under the keys ``x, y`` (and ``x_test, y_test`` when
+    given), checked, and its task under :data:`TASK_KEY` (a 0-d string array).
+
+    ``x``/``x_test`` numeric with at least 2 dimensions and equal per-sample shapes, ``x``
+    not empty; no object arrays; ``x_train``/``y_train`` are accepted for ``x``/``y``. The
+    task is the :data:`TASK_KEY` entry when given, else what ``y`` says
+    (:func:`infer_task`), and ``y``/``y_test`` must suit it, one per sample: 1-D
+    non-negative integer labels (``classification``), non-negative integer next tokens of
+    ``x``'s shape with ``x`` integer tokens too (``language-model``), or finite numbers
+    ``[N, ...]`` (``regression``; integers are allowed when declared). ``source`` names the
+    file (or factory) in errors; ``found`` lists every key it had."""
     for train, short in _TRAIN_NAMES.items():
         if train in arrays and short in arrays:
             raise DataFileError(
                 f"{source}: keys {short!r} and {train!r} both given; allowed: one of them"
             )
+    declared = declared_task(arrays[TASK_KEY], source) if arrays.get(TASK_KEY) is not None else None
     arrays = {_TRAIN_NAMES.get(key, key): value for key, value in arrays.items()}
     test = [key for key in ("x_test", "y_test") if key in arrays]
     wanted = NPZ_KEYS if test else NPZ_KEYS[:2]
@@ -314,7 +366,8 @@ def check_arrays(
                 f"{source}: key {key!r} holds an object array, which would need pickle; "
                 "store a numeric array"
             )
-    for key in ("x", "x_test")[: len(wanted) // 2]:
+    pairs = (("x", "y"), ("x_test", "y_test"))[: len(wanted) // 2]
+    for key, _ in pairs:
         kind = arrays[key].dtype.kind
         if kind not in "fiu" or arrays[key].ndim < 2:
             raise DataFileError(
@@ -322,33 +375,24 @@ def check_arrays(
                 f"with at least 2 dimensions, got dtype {arrays[key].dtype} shape "
                 f"{arrays[key].shape}"
             )
-    for x_key, key in (("x", "y"), ("x_test", "y_test"))[: len(wanted) // 2]:
-        target, inputs = arrays[key], arrays[x_key]
-        language = target.ndim == 2 and target.shape == inputs.shape
-        if target.dtype.kind not in "iu" or not (target.ndim == 1 or language):
-            raise DataFileError(
-                f"{source}: key {key!r} must be integer, either 1-D labels [N] "
-                f"(classification) or next tokens [N, L] of {x_key!r}'s shape (a language "
-                f"model), got dtype {target.dtype} shape {target.shape}"
-            )
-        if language and inputs.dtype.kind not in "iu":
-            raise DataFileError(
-                f"{source}: key {x_key!r} must hold integer tokens when {key!r} holds next "
-                f"tokens [N, L], got dtype {inputs.dtype}"
-            )
-        if target.size and target.min() < 0:
-            raise DataFileError(f"{source}: key {key!r} holds a negative label {target.min()}")
-        if language and inputs.size and inputs.min() < 0:
-            raise DataFileError(f"{source}: key {x_key!r} holds a negative token {inputs.min()}")
-    if len(wanted) == 4 and (arrays["y"].ndim == 1) != (arrays["y_test"].ndim == 1):
+    task = declared or infer_task(arrays["x"], arrays["y"])
+    if task is None:
+        y = arrays["y"]
+        raise DataFileError(
+            f"{source}: key 'y' (dtype {y.dtype}, shape {y.shape}) says no task; allowed: "
+            f"{TARGETS}; or declare one in a {TASK_KEY!r} entry"
+        )
+    for x_key, key in pairs:
+        _check_targets(task, arrays[x_key], arrays[key], x_key, key, source)
+    if test and arrays["y"].shape[1:] != arrays["y_test"].shape[1:]:
         raise DataFileError(
             f"{source}: key 'y_test' has shape {arrays['y_test'].shape} but 'y' has "
-            f"{arrays['y'].shape}; both 1-D labels (classification) or both next tokens [N, L]"
+            f"{arrays['y'].shape}; a sample's targets must have one shape in both splits"
         )
-    for x_key, y_key in (("x", "y"), ("x_test", "y_test"))[: len(wanted) // 2]:
+    for x_key, y_key in pairs:
         if len(arrays[x_key]) != len(arrays[y_key]):
             raise DataFileError(
-                f"{source}: key {y_key!r} has {len(arrays[y_key])} labels but {x_key!r} has "
+                f"{source}: key {y_key!r} has {len(arrays[y_key])} targets but {x_key!r} has "
                 f"{len(arrays[x_key])} samples"
             )
     if test and arrays["x"].shape[1:] != arrays["x_test"].shape[1:]:
@@ -358,4 +402,41 @@ def check_arrays(
         )
     if len(arrays["x"]) == 0:
         raise DataFileError(f"{source}: key 'x' is empty")
-    return arrays
+    return {**arrays, TASK_KEY: np.array(task)}
+
+
+def _check_targets(
+    task: str, inputs: np.ndarray, target: np.ndarray, x_key: str, key: str, source: str
+) -> None:
+    """``target`` (key ``key``) suits ``task`` beside ``inputs`` (key ``x_key``)."""
+    integer = target.dtype.kind in "iu"
+    if task == REGRESSION:
+        if target.dtype.kind not in "fiu" or target.ndim < 1:
+            raise DataFileError(
+                f"{source}: key {key!r} must hold numbers [N, ...] for the regression task, "
+                f"got dtype {target.dtype} shape {target.shape}"
+            )
+        if target.size and not np.isfinite(target).all():
+            raise DataFileError(f"{source}: key {key!r} holds NaN or infinite targets")
+        return
+    if task == CLASSIFICATION and not (integer and target.ndim == 1):
+        raise DataFileError(
+            f"{source}: key {key!r} must be 1-D integer labels [N] for the classification "
+            f"task, got dtype {target.dtype} shape {target.shape}; allowed: {TARGETS}"
+        )
+    if task == LANGUAGE_MODEL:
+        if not (integer and target.ndim == 2 and target.shape == inputs.shape):
+            raise DataFileError(
+                f"{source}: key {key!r} must be integer next tokens [N, L] of {x_key!r}'s "
+                f"shape {inputs.shape} for the language-model task, got dtype {target.dtype} "
+                f"shape {target.shape}"
+            )
+        if inputs.dtype.kind not in "iu":
+            raise DataFileError(
+                f"{source}: key {x_key!r} must hold integer tokens for the language-model "
+                f"task, got dtype {inputs.dtype}"
+            )
+        if inputs.size and inputs.min() < 0:
+            raise DataFileError(f"{source}: key {x_key!r} holds a negative token {inputs.min()}")
+    if target.size and target.min() < 0:
+        raise DataFileError(f"{source}: key {key!r} holds a negative label {target.min()}")

@@ -354,8 +354,11 @@ def build_model(
     shape = tuple(int(s) for s in input_shape)
     if not shape or min(shape) < 1:
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {shape}")
-    if not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(
+            f"num_classes (the outputs per sample: classes, vocabulary or a regression's "
+            f"targets) must be an int >= 1, got {num_classes!r}"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         model = factory(shape, num_classes, **resolved)

@@ -323,17 +323,23 @@ def partition(
     """Partition by spec string: ``"iid"``, ``"dirichlet:alpha=0.1"``, ``"shards:shards_per_peer=2"``,
     ``"label-sets:sets=0-4|5-9"`` (the first half of the peers holds classes 0-4, the second
     half 5-9; for other shapes call :func:`label_sets` with one set per peer). A language
-    model's targets (next tokens ``[N, L]``) take ``"iid"`` only."""
+    model's targets (next tokens ``[N, L]``) and a regression's (float ``[N, K]``) take
+    ``"iid"`` only."""
     name, given = parse_spec(spec, "partition")
     entry = lookup(PARTITIONS, name, "partition")
     resolved = entry.resolve({**given, **params})
-    if labels.ndim == 2 and name != "iid":
-        raise ValueError(
-            f"{name}: splits by class label, but these targets are a language model's next "
-            "tokens [N, L]; allowed: iid"
+    labels_given = labels.ndim == 1 and not labels.is_floating_point()
+    if not labels_given and name != "iid":
+        what = (
+            "a regression's values"
+            if labels.is_floating_point()
+            else f"a language model's next tokens {list(labels.shape)}"
         )
-    if labels.ndim == 2:  # iid counts samples only: one column stands for the sample
-        labels = labels[:, 0]
+        raise ValueError(
+            f"{name}: splits by class label, but these targets are {what}; allowed: iid"
+        )
+    if not labels_given:  # iid counts samples only
+        labels = torch.zeros(len(labels), dtype=torch.int64)
     return entry.factory(labels, num_peers, seed=seed, **resolved)
 
 

@@ -7,7 +7,7 @@ this peer's shard and the model. The peer prints one line when it listens
 neighbours, bytes/s, drawn by rich on stderr), otherwise a JSON status line on
 stdout every ``--status-every`` steps; a final JSON status line always; and it
 stops cleanly (final checkpoint with ``--checkpoint-dir``) on SIGTERM or SIGINT
-(Ctrl-C). ``--eval-out FILE`` writes the final test loss and accuracy as JSON,
+(Ctrl-C). ``--eval-out FILE`` writes the final test metrics of the data set's task as JSON,
 ``--save-model FILE`` the trained model (docs/models.md), ``--log-dir DIR`` a training
 record (``metrics.csv`` and TensorBoard event files, :mod:`peer.node.logbook`). Logs go to stderr
 (``--log-level``, ``--log-json`` for one JSON object per line); an unexpected error is

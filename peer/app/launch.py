@@ -7,7 +7,8 @@ table or plain lines show each peer's step, loss, neighbours and bytes/s, polled
 ``GET /v1/status`` (:mod:`peer.app.progress`); meanwhile the launcher trains one *centralized*
 model on all the data with the peers' combined batch (N x batch size) for as many steps,
 i.e. on the same number of samples (:func:`workloads.train_centralized`). At the end every
-peer writes its test accuracy (``gossipnet peer --eval-out``) and the launcher prints each
+peer writes its test metrics (``gossipnet peer --eval-out``: the data set's task's, accuracy,
+bits per byte or mean squared error, :mod:`workloads.task`) and the launcher prints each
 beside the centralized one (:mod:`peer.app.report`). Ctrl-C (or SIGTERM) stops the swarm
 cleanly: SIGTERM to the group, a grace period for the final checkpoints, then SIGKILL, no
 orphans.
@@ -51,7 +52,7 @@ from typing import Any
 
 from peer.app.peer_flags import add_link_flags, add_optimizer_flags, check_optimizer_flags
 from peer.app.progress import watch
-from peer.app.report import collect_results, print_results
+from peer.app.report import collect_results, print_results, test_metrics
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
 from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
 from peer.node.config import ALGORITHMS, MODES
@@ -83,7 +84,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         prog=prog,
         description=(
             f"Run {what}: N gossipnet peer processes on 127.0.0.1 train one model together; "
-            "a live table shows their progress, and at the end each peer's test accuracy is "
+            "a live table shows their progress, and at the end each peer's test metric is "
             "printed beside a centralized run on the same data and number of samples."
         ),
         epilog="Every option but --peers, --client-only, --dir, --json, --progress, "
@@ -264,6 +265,21 @@ def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParse
             parser.error(f"--device: {error}")
 
 
+def _check_fit(args: argparse.Namespace, data: Any, parser: argparse.ArgumentParser) -> None:
+    """The model against the data, one forward pass of one batch, before any peer starts
+    (:func:`peer.app.run.check_fit`): a mismatch is one line naming ``--model`` and
+    ``--dataset``, exit code 2."""
+    from peer.app.run import check_fit
+    from workloads import build_model
+
+    try:
+        model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+        check_fit(model, data, args.model, args.dataset)
+    except ValueError as error:
+        message = str(error)
+        parser.error(message if message.startswith("--model") else f"--model: {message}")
+
+
 def _train_baseline(
     args: argparse.Namespace, dataset: str, stop: threading.Event
 ) -> CentralizedResult:
@@ -332,9 +348,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
     try:
         from workloads import load_dataset
 
-        load_dataset(dataset)  # fail fast on a bad spec; fills the cache for the peers
+        data = load_dataset(dataset)  # fail fast on a bad spec; fills the cache for the peers
     except (ValueError, ImportError, OSError) as error:
         parser.error(f"--dataset: {error}")
+    _check_fit(args, data, parser)
     args.dataset = dataset
     keep = args.dir is not None
     if keep:
@@ -404,7 +421,7 @@ def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> N
     ``centralized``, at ``--steps``)."""
     polled = {peer.peer_id: peer.status for peer in swarm.peers}
     for entry in results["peers"]:
-        if "test_accuracy" not in entry:
+        if "test_loss" not in entry:
             continue  # failed or stopped before evaluating: its polled rows say where
         status = {
             **polled.get(entry["id"], {}),
@@ -413,29 +430,12 @@ def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> N
             "exchanges_failed": entry.get("exchanges_failed"),
         }
         status.pop("exchanges", None)  # the evaluation's counts are the final ones
-        logbook.record_status(
-            status,
-            peer=entry["id"],
-            accuracy=entry["test_accuracy"],
-            test_loss=entry.get("test_loss"),
-            **_bits(entry),
-        )
+        logbook.record_status(status, peer=entry["id"], **test_metrics(entry))
     centralized = results["centralized"]
-    if centralized.get("test_accuracy") is not None:
+    if centralized.get("test_loss") is not None:
         logbook.record_status(
-            {"step": results["steps"]},
-            peer="centralized",
-            accuracy=centralized["test_accuracy"],
-            test_loss=centralized.get("test_loss"),
-            **_bits(centralized),
+            {"step": results["steps"]}, peer="centralized", **test_metrics(centralized)
         )
-
-
-def _bits(entry: dict[str, Any]) -> dict[str, float]:
-    """A language model's ``test_bits_per_byte`` for the logbook (TensorBoard and MLflow);
-    nothing for a classifier."""
-    value = entry.get("test_bits_per_byte")
-    return {} if value is None else {"test_bits_per_byte": float(value)}
 
 
 def _save_average(

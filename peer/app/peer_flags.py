@@ -343,7 +343,8 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     run.add_argument(
         "--eval-out",
         metavar="FILE",
-        help="at the end, write the test loss and accuracy as JSON to FILE",
+        help="at the end, write the test metrics of the data set's task as JSON to FILE "
+        "(loss; accuracy, bits per byte or mean squared error)",
     )
     run.add_argument(
         "--save-model",

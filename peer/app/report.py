@@ -1,9 +1,12 @@
-"""The end of a swarm run: every peer's test accuracy beside the centralized reference.
+"""The end of a swarm run: every peer's test metric beside the centralized reference.
 
-A language model's run (``--dataset text``) shows validation bits per byte instead (lower is
-better; the gap to the centralized run in bits per byte), and its ``--json`` line adds
-``test_bits_per_byte`` to each peer and to the centralized reference, and
-``mean_test_bits_per_byte``.
+The metric is the data set's task's headline (:mod:`workloads.task`): test accuracy of a
+classifier (the gap to the centralized run in points), validation bits per byte of a
+language model (bits per token when its vocabulary is not the 256 bytes), the test mean
+squared error of a regression (both lower is better; the gap in their unit). The ``--json``
+line names the ``task`` and gives each peer's and the centralized reference's metrics as
+``test_<name>`` (``test_accuracy``, ``test_loss``, ``test_bits_per_byte``, ``test_mse``) and
+the honest peers' means as ``mean_test_<name>``.
 
 :func:`collect_results` gathers what each peer wrote with ``gossipnet peer --eval-out`` and
 the centralized run (:func:`workloads.train_centralized`) into one dictionary, the line
@@ -23,16 +26,24 @@ from typing import Any
 
 from peer.app.swarm import Swarm, read_text
 from workloads.baseline import CentralizedResult
+from workloads.task import CLASSIFICATION, METRIC_NAMES, TASKS, Task
+
+_REPORTED = ("test_loss", *(f"test_{name}" for name in METRIC_NAMES if name != "loss"))
+"""The test metrics a peer's ``--eval-out`` report may hold, under their keys."""
 
 
 def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, Any]:
-    """The run's results, what ``--json`` prints: per peer its exit code, state and, from
-    its ``--eval-out`` file, step, test accuracy and loss, exchanges and its attack if it was
-    Byzantine (else the step of its last status line); a failed peer's ``error`` (never
-    empty); the centralized reference; the honest peers' mean test accuracy; the steps asked
-    for and whether every peer reached them; the run directory."""
+    """The run's results, what ``--json`` prints: the ``task`` and the model's outputs per
+    sample (``num_classes``: classes, vocabulary or regression targets); per peer its exit
+    code, state and, from its ``--eval-out`` file, step, the task's test metrics
+    (``test_<name>``), exchanges and its attack if it was Byzantine (else the step of its
+    last status line); a failed peer's ``error`` (never empty); the centralized reference;
+    the honest peers' mean of each metric (``mean_test_<name>``; ``mean_test_accuracy`` is
+    null for a task without accuracy); the steps asked for and whether every peer reached
+    them; the run directory."""
     steps = int(swarm.args.steps)
     peers = []
+    task, num_classes = centralized.task, None
     for peer in swarm.peers:
         entry: dict[str, Any] = {
             "id": peer.peer_id,
@@ -42,10 +53,11 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
         text = read_text(peer.eval_file)
         if text:
             report = json.loads(text)
-            entry.update(step=report["step"], test_accuracy=report["test_accuracy"])
-            entry["test_loss"] = report["test_loss"]
-            if "test_bits_per_byte" in report:  # a language model's
-                entry["test_bits_per_byte"] = report["test_bits_per_byte"]
+            task = task or report.get("task")
+            num_classes = num_classes or report.get("num_classes")
+            entry["step"] = report["step"]
+            entry.update({key: report[key] for key in _REPORTED if key in report})
+            entry.setdefault("test_accuracy", None)
             for key in ("exchanges_ok", "exchanges_failed", "isolated", "byzantine"):
                 entry[key] = report.get(key)
         else:
@@ -58,33 +70,33 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
         if peer.failed():
             entry["error"] = peer.exit_reason()
         peers.append(entry)
-    # Byzantine peers (launch --byzantine) are the attack, not the swarm: left out of the mean
-    accuracies = [
-        p["test_accuracy"]
-        for p in peers
-        if p.get("test_accuracy") is not None and not p.get("byzantine")
-    ]  # a regression model has no accuracy (None): it is left out, not counted as 0
-    reached = [p["step"] for p in peers if p.get("step") is not None]
+    found = TASKS[task or CLASSIFICATION]
     reference: dict[str, Any] = {
         "test_accuracy": centralized.accuracy,
         "test_loss": centralized.loss,
+        **{f"test_{name}": value for name, value in centralized.metrics.items()},
         "samples": centralized.samples,
         "error": centralized.error,
     }
-    language: dict[str, Any] = {}
-    bits = [
-        p["test_bits_per_byte"]
-        for p in peers
-        if p.get("test_bits_per_byte") is not None and not p.get("byzantine")
-    ]
-    if bits or centralized.bits_per_byte is not None:  # a language model's run
-        reference["test_bits_per_byte"] = centralized.bits_per_byte
-        language["mean_test_bits_per_byte"] = sum(bits) / len(bits) if bits else None
+    means: dict[str, Any] = {}
+    for name in ("accuracy", *found.metric_names):
+        if name == "loss":
+            continue
+        # Byzantine peers (launch --byzantine) are the attack, not the swarm: left out of the
+        # mean; a peer without the metric (no accuracy of a regression) is left out, not 0
+        values = [
+            p[f"test_{name}"]
+            for p in peers
+            if p.get(f"test_{name}") is not None and not p.get("byzantine")
+        ]
+        means[f"mean_test_{name}"] = sum(values) / len(values) if values else None
+    reached = [p["step"] for p in peers if p.get("step") is not None]
     return {
+        "task": found.name,
+        "num_classes": num_classes,
         "peers": peers,
         "centralized": reference,
-        "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
-        **language,
+        **means,
         "steps": steps,
         "all_reached_steps": bool(peers) and len(reached) == len(peers)
         and min(reached) >= steps,
@@ -92,26 +104,56 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
     }  # fmt: skip
 
 
+def test_metrics(entry: dict[str, Any]) -> dict[str, float | None]:
+    """A peer's (or the centralized reference's) test metrics of the results as a record's
+    values (:class:`~peer.node.logbook.Logbook`): ``accuracy``, ``bits_per_byte``, ``mse``
+    (None where the task has none: a blank cell) and ``test_loss``."""
+    values: dict[str, float | None] = {
+        name: entry.get(f"test_{name}") for name in METRIC_NAMES if name != "loss"
+    }
+    values["test_loss"] = entry.get("test_loss")
+    return values
+
+
+def _task(results: dict[str, Any]) -> Task:
+    """The run's task (a classifier's for results without one)."""
+    return TASKS[results.get("task") or CLASSIFICATION]
+
+
+def _show(task: Task, value: float) -> str:
+    """A headline value as the table shows it: accuracy in percent, bits per byte to
+    three decimals, a mean squared error to four significant digits."""
+    if task.headline == "accuracy":
+        return f"{100 * value:.1f}%"
+    return f"{value:.3f}" if task.headline == "bits_per_byte" else f"{value:.4g}"
+
+
+def _gap(task: Task, value: float, reference: float) -> str:
+    """``value - reference`` in the headline's unit (accuracy in points)."""
+    if task.headline == "accuracy":
+        return f"{100 * (value - reference):+.1f} pts"
+    return (
+        f"{value - reference:+.3f}"
+        if task.headline == "bits_per_byte"
+        else (f"{value - reference:+.3g}")
+    )
+
+
 def title(results: dict[str, Any], args: argparse.Namespace) -> str:
-    """The final table's title: the steps the peers reached (all of ``--steps``, or a range
-    of fewer after Ctrl-C), and the batch size."""
+    """The final table's title: the task's headline metric (:meth:`workloads.task.Task.
+    title`), the steps the peers reached (all of ``--steps``, or a range of fewer after
+    Ctrl-C), and the batch size."""
     steps = int(results.get("steps", args.steps))
     reached = [p["step"] for p in results["peers"] if p.get("step") is not None]
     batch = f"of batch {args.batch_size}"
     if not reached:
         return f"no peer reported a step (of {steps} steps {batch})"
     low, high = min(reached), max(reached)
-    metric = "validation bits per byte" if _language(results) else "test accuracy"
+    metric = _task(results).title(results.get("num_classes"))
     if low >= steps and len(reached) == len(results["peers"]):
         return f"{metric} after {steps} steps {batch}"
     span = str(low) if low == high else f"{low}-{high}"
     return f"{metric} after {span} of {steps} steps {batch} (stopped early)"
-
-
-def _language(results: dict[str, Any]) -> bool:
-    """Whether the run trained a language model: its headline is bits per byte (lower is
-    better), not accuracy (:mod:`workloads.task`)."""
-    return "mean_test_bits_per_byte" in results
 
 
 def _count(value: object) -> str:
@@ -120,7 +162,8 @@ def _count(value: object) -> str:
 
 
 def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
-    """The final table: per peer its step, test accuracy, gap to the centralized run, exchanges.
+    """The final table: per peer its step, the task's headline test metric, its gap to the
+    centralized run, exchanges.
 
     The exchange columns are the peer's successful and failed exchanges over the run; a
     peer that ended isolated (training alone, :mod:`peer.node.health`) is marked ``ISOLATED``.
@@ -128,44 +171,37 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    language = _language(results)
-    key = "test_bits_per_byte" if language else "test_accuracy"
-    reference = results["centralized"][key]
+    task = _task(results)
+    key = f"test_{task.headline}"
+    reference = results["centralized"].get(key)
     table = Table(title=title(results, args))
-    metric = "val. bits/byte" if language else "test accuracy"
+    metric = task.heading(results.get("num_classes"))
     for column in ("", "step", metric, "vs centralized", "exchanges ok", "failed"):
         table.add_column(column, justify="left" if not column else "right")
     for entry in results["peers"]:
-        accuracy = entry.get(key)
-        if accuracy is None and "test_loss" in entry:  # evaluated, but not a classifier
-            loss = entry["test_loss"]
+        value = entry.get(key)
+        if value is None and entry.get("test_loss") is not None:  # evaluated, no headline
             table.add_row(
                 entry["id"],
                 str(entry["step"]),
-                "-" if loss is None else f"loss {loss:.4g}",
+                f"loss {entry['test_loss']:.4g}",
                 "-",
                 _count(entry.get("exchanges_ok")),
                 _count(entry.get("exchanges_failed")),
             )
             continue
-        if accuracy is None:
+        if value is None:
             why = entry.get("error") or f"no result ({entry.get('state', 'unknown')})"
             step = "-" if entry.get("step") is None else str(entry["step"])
             table.add_row(entry["id"], step, why, "-", "-", "-")
             continue
-        if reference is None:
-            diff = "-"
-        elif language:
-            diff = f"{accuracy - reference:+.3f}"
-        else:
-            diff = f"{100 * (accuracy - reference):+.1f} pts"
         isolated = bool(entry.get("isolated"))
         byzantine = f" (byzantine: {entry['byzantine']})" if entry.get("byzantine") else ""
         table.add_row(
             entry["id"] + byzantine + (" ISOLATED" if isolated else ""),
             str(entry["step"]),
-            f"{accuracy:.3f}" if language else f"{100 * accuracy:.1f}%",
-            diff,
+            _show(task, value),
+            "-" if reference is None else _gap(task, value, reference),
             _count(entry.get("exchanges_ok")),
             _count(entry.get("exchanges_failed")),
             style="bold red" if isolated else None,
@@ -175,7 +211,7 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
         table.add_row(
             "centralized",
             str(args.steps),
-            f"{reference:.3f}" if language else f"{100 * reference:.1f}%",
+            _show(task, reference),
             f"batch {args.peers * args.batch_size}, {samples} samples",
             "-",
             "-",

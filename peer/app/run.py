@@ -9,7 +9,9 @@ after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stde
 a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
 evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
 final JSON status line. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
-:mod:`peer.node.logbook`) per chunk and a last one with the test accuracy. A join that no ``--join`` address answered within
+:mod:`peer.node.logbook`) per chunk and a last one with the test metrics of the data set's
+task (:mod:`workloads.task`). Before anything starts, one forward pass of one batch checks
+the model against the data (:func:`check_fit`). A join that no ``--join`` address answered within
 ``--join-timeout-s`` is one error line and exit code 2.
 """
 
@@ -35,7 +37,8 @@ from peer.node.logbook import Logbook
 from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
-from workloads import Dataset, build_model, cross_entropy, load_dataset, partition, peer_batches
+from workloads import Dataset, build_model, load_dataset, partition, peer_batches
+from workloads.task import TASKS, ModelMismatchError, check_model_fits
 
 
 def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Dataset]:
@@ -46,6 +49,7 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     data = load_dataset(args.dataset)
     shards = partition(args.partition, data.y_train, num_peers=args.num_peers, seed=args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
+    check_fit(model, data, args.model, args.dataset)
     optimizer = check_optimizer_flags(args).torch_optimizer
     batches = peer_batches(
         data,
@@ -65,8 +69,20 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
         dataset=args.dataset,
         seed=args.seed,
     )
-    peer = Peer(model, optimizer, cross_entropy, batches, config, recipe=recipe)
+    peer = Peer(model, optimizer, TASKS[data.task].loss, batches, config, recipe=recipe)
     return peer, data
+
+
+def check_fit(model: torch.nn.Module, data: Dataset, model_spec: str, dataset_spec: str) -> None:
+    """One forward pass of one batch (:func:`workloads.task.check_model_fits`) before
+    anything starts; a mismatch is a ``ValueError`` in one line naming ``--model`` and
+    ``--dataset`` and what does not fit."""
+    try:
+        check_model_fits(model, data)
+    except ModelMismatchError as error:
+        raise ValueError(
+            f"--model {model_spec} does not fit --dataset {dataset_spec}: {error}"
+        ) from None
 
 
 def _check_save_model(path: str | None, eval_out: str | None = None) -> None:
@@ -93,7 +109,7 @@ async def run_peer(peer: Peer, data: Dataset, args: argparse.Namespace) -> int:
     2 when no ``--join`` address answered (one line on stderr naming it). With
     ``--log-dir`` (``PeerConfig.log_dir``) a :class:`~peer.node.logbook.Logbook` records a row
     per chunk of ``--status-every`` steps (the cadence of the status lines, live or not)
-    and a last one after the stop, with the test accuracy when ``--eval-out`` evaluated."""
+    and a last one after the stop, with the task's test metrics when ``--eval-out`` evaluated."""
     logbook = None
     if peer.config.log_dir is not None:  # opened before the peer starts: a problem stops here
         logbook = await asyncio.to_thread(Logbook.open, peer.config.log_dir, run_name=peer.peer_id)
@@ -165,9 +181,7 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
     evaluation = None
     if args.eval_out:
         evaluation = await _write_evaluation(peer, data, args)
-        final["test_accuracy"] = evaluation["test_accuracy"]
-        if "test_bits_per_byte" in evaluation:  # a language model's
-            final["test_bits_per_byte"] = evaluation["test_bits_per_byte"]
+        final.update({key: evaluation[key] for key in _scores(evaluation) if key != "test_loss"})
     await _record(logbook, peer, evaluation)
     model_file = getattr(args, "save_model", None)
     if model_file:
@@ -180,18 +194,26 @@ async def _record(
     logbook: Logbook | None, peer: Peer, evaluation: dict[str, Any] | None = None
 ) -> None:
     """One ``--log-dir`` row from the peer's status, written off the event loop; with an
-    ``evaluation`` (``--eval-out``) also the test accuracy (blank for a model without one,
-    ``None``) and the test loss (TensorBoard's ``test_loss``)."""
+    ``evaluation`` (``--eval-out``) also the task's test metrics under their names
+    (``accuracy``, ``bits_per_byte``, ``mse``: :data:`workloads.task.METRIC_NAMES`, each a
+    column, blank where the task has none) and the test loss (TensorBoard's ``test_loss``)."""
     if logbook is None:
         return
     status = peer.status()
     if evaluation is None:
         await asyncio.to_thread(logbook.record_status, status)
         return
-    scores = {"accuracy": evaluation["test_accuracy"], "test_loss": evaluation["test_loss"]}
-    if "test_bits_per_byte" in evaluation:  # a language model's: TensorBoard and MLflow
-        scores["test_bits_per_byte"] = evaluation["test_bits_per_byte"]
+    scores = {key.removeprefix("test_"): evaluation[key] for key in _scores(evaluation)}
+    scores["test_loss"] = scores.pop("loss")
     await asyncio.to_thread(lambda: logbook.record_status(status, **scores))
+
+
+def _scores(evaluation: dict[str, Any]) -> list[str]:
+    """The keys of an ``--eval-out`` report that hold the task's test metrics
+    (``test_accuracy``, ``test_loss``, ``test_bits_per_byte``, ``test_mse``)."""
+    return [f"test_{name}" for name in TASKS[evaluation["task"]].metric_names] + (
+        [] if TASKS[evaluation["task"]].has_accuracy else ["test_accuracy"]
+    )
 
 
 def join_failure(error: JoinError, join: Sequence[str]) -> str:
@@ -216,8 +238,8 @@ def _save_model(peer: Peer, path: str, evaluation: dict[str, Any] | None) -> Pat
         raise RuntimeError("the peer has no ModelRecipe to record with --save-model")
     scores = None
     if evaluation is not None:
-        keys = ("test_loss", "test_accuracy", "test_bits_per_byte", "test_samples")
-        scores = {key: evaluation[key] for key in keys if key in evaluation}
+        keys = ("task", *_scores(evaluation), "test_samples")
+        scores = {key: evaluation[key] for key in keys}
     with peer.lock:
         written = save_model(
             path,
@@ -233,19 +255,21 @@ def _save_model(peer: Peer, path: str, evaluation: dict[str, Any] | None) -> Pat
 
 
 async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace) -> dict[str, Any]:
-    """Evaluate on the test split and write ``--eval-out``'s JSON; returns the report."""
-    result = await asyncio.to_thread(peer.evaluate, data.x_test, data.y_test)
+    """Evaluate on the test split and write ``--eval-out``'s JSON; returns the report: the
+    data set's ``task``, its metrics as ``test_<name>``
+    (:attr:`workloads.task.Task.metric_names`; ``test_accuracy`` is null for a task without
+    accuracy), ``test_samples``, and the peer's exchanges."""
+    scores = await asyncio.to_thread(
+        peer.trainer.evaluate_task, data.x_test, data.y_test, data.task
+    )
     report = {
         "id": peer.peer_id,
         "step": peer.step,
-        "test_loss": result["loss"],
-        "test_accuracy": result["accuracy"],
-        **(
-            {}
-            if result["bits_per_byte"] is None
-            else {"test_bits_per_byte": result["bits_per_byte"]}
-        ),
-        "test_samples": int(result["samples"]),
+        "task": data.task,
+        "num_classes": data.num_classes,
+        "test_accuracy": None,
+        **{f"test_{name}": value for name, value in scores.items()},
+        "test_samples": int(data.y_test.shape[0]),
         "batch_size": args.batch_size,
         "exchanges_ok": peer.health.exchanges_ok,
         "exchanges_failed": peer.health.exchanges_failed,

@@ -431,6 +431,6 @@ class BackgroundPeer:
                 self.status(),
                 test_loss=result["loss"],
                 accuracy=result["accuracy"],
-                test_bits_per_byte=result["bits_per_byte"],  # None (a classifier): not logged
+                bits_per_byte=result["bits_per_byte"],  # None (not a language model): blank
             )
         return result

@@ -3,10 +3,11 @@
 ``--log-dir DIR`` (``PeerConfig.log_dir``) gives a peer a :class:`Logbook` in DIR:
 
 - ``DIR/metrics.csv``, one row per record under a fixed header (:data:`CSV_COLUMNS`):
-  ``time_s`` (Unix time, seconds), ``step``, ``loss``, ``accuracy``, ``bytes_in``,
-  ``bytes_out``, ``exchanges_ok``, ``exchanges_failed``. A value the record does not know
-  (no loss before the first step, no accuracy between evaluations) is a blank cell, never a
-  made-up zero. Each row is flushed as it is written, so a crash loses nothing already
+  ``time_s`` (Unix time, seconds), ``step``, ``loss``, the test metrics of every task under
+  their names (``accuracy``, ``bits_per_byte``, ``mse``: :data:`workloads.task.METRIC_NAMES`),
+  ``bytes_in``, ``bytes_out``, ``exchanges_ok``, ``exchanges_failed``. A value the record
+  does not know (no loss before the first step, no accuracy between evaluations, no mean
+  squared error for a classifier) is a blank cell, never a made-up zero. Each row is flushed as it is written, so a crash loses nothing already
   recorded; a resumed run appends to the same file (the header is written once), and a
   file whose header differs is an error that names it (:class:`LogbookError`).
 - TensorBoard event files in DIR (``torch.utils.tensorboard.SummaryWriter``), one scalar
@@ -52,6 +53,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from workloads.task import METRIC_NAMES
+
 __all__ = [
     "CSV_COLUMNS",
     "CSV_NAME",
@@ -68,8 +71,8 @@ log = logging.getLogger(__name__)
 CSV_NAME = "metrics.csv"
 """The CSV file's name inside the log directory."""
 CSV_COLUMNS = (
-    "time_s", "step", "loss", "accuracy", "bytes_in", "bytes_out", "exchanges_ok",
-    "exchanges_failed",
+    "time_s", "step", "loss", *(name for name in METRIC_NAMES if name != "loss"), "bytes_in",
+    "bytes_out", "exchanges_ok", "exchanges_failed",
 )  # fmt: skip
 """The header of a peer's ``metrics.csv``, in this order."""
 SWARM_COLUMNS = ("time_s", "peer", *CSV_COLUMNS[1:])
@@ -161,7 +164,7 @@ def _values(status: Mapping[str, Any], extra: Mapping[str, float | None]) -> dic
     values: dict[str, Any] = {
         "step": status.get("step"),
         "loss": status.get("loss"),
-        "accuracy": status.get("accuracy"),
+        **{name: status.get(name) for name in METRIC_NAMES if name != "loss"},
         "bytes_in": status.get("bytes_in"),
         "bytes_out": status.get("bytes_out"),
         "exchanges_ok": exchanges.get("ok", status.get("exchanges_ok")),

@@ -187,11 +187,11 @@ class ModelRecipe:
         object.__setattr__(self, "input_shape", tuple(shape))
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int):
             raise ValueError(
-                f"ModelRecipe.num_classes must be an integer >= 2, got {self.num_classes!r:.40}"
+                f"ModelRecipe.num_classes must be an integer >= 1, got {self.num_classes!r:.40}"
             )
-        if self.num_classes < 2:
+        if self.num_classes < 1:  # a regression's single output is 1
             raise ValueError(
-                f"ModelRecipe.num_classes must be an integer >= 2, got {self.num_classes}"
+                f"ModelRecipe.num_classes must be an integer >= 1, got {self.num_classes}"
             )
         if self.dataset is not None and not isinstance(self.dataset, str):
             raise ValueError(

@@ -37,6 +37,7 @@ from gossip.flat import FlatParameters, averageable
 from peer.node.model_lock import ModelLock
 from workloads.dropout import SeededDropout
 from workloads.task import bits_per_byte
+from workloads.task import evaluate as evaluate_task
 
 Batch = tuple[Any, Any]
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -259,6 +260,16 @@ class Trainer:
         """Training stopped (the steps asked for are taken): :meth:`training` is false
         until the next step, instead of for ``within_s`` more seconds."""
         self.last_step_at = None
+
+    def evaluate_task(
+        self, inputs: torch.Tensor, targets: torch.Tensor, task: str
+    ) -> dict[str, float]:
+        """The metrics of ``task`` (:func:`workloads.task.evaluate`: its loss, accuracy, bits
+        per byte or mean squared error, named as every runner names them) of the current
+        model on ``(inputs, targets)``, under the model lock in eval mode; what ``gossipnet
+        peer`` reports. Call it from a worker thread while the peer is serving."""
+        with self.lock:
+            return evaluate_task(self.model, inputs, targets, task, device=self.device)
 
     def evaluate(
         self,

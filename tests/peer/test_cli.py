@@ -450,8 +450,9 @@ def test_log_dir_problems_are_one_line_before_anything_starts(
     err = capsys.readouterr().err.splitlines()
     assert err == [
         f"gossipnet peer: error: --log-dir: {tmp_path / 'metrics.csv'} has the columns "
-        "epoch,val_loss, not this record's time_s,step,loss,accuracy,bytes_in,bytes_out,"
-        "exchanges_ok,exchanges_failed; allowed: a new --log-dir, or that file moved away"
+        "epoch,val_loss, not this record's time_s,step,loss,accuracy,bits_per_byte,mse,bytes_in,"
+        "bytes_out,exchanges_ok,exchanges_failed; allowed: a new --log-dir, or that file moved "
+        "away"
     ]
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(SystemExit) as info:

@@ -170,7 +170,9 @@ USER_MODEL = textwrap.dedent(
             self.linear = nn.Linear(input_shape[0], num_classes)
 
         def forward(self, x):
-            raise RuntimeError("forward is not written yet")
+            if self.training:  # the check before the start runs in eval mode and passes
+                raise RuntimeError("forward is not written yet")
+            return self.linear(x)
     """
 )
 

@@ -84,6 +84,8 @@ def test_launchs_table_shows_bits_per_byte_for_a_language_model(
     peer = {"id": "peer-0", "step": 10, "test_accuracy": 0.3, "test_loss": 2.0,
             "test_bits_per_byte": 2.0 / math.log(2), "exchanges_ok": 4, "exchanges_failed": 0}  # fmt: skip
     results = {
+        "task": "language-model",
+        "num_classes": 256,
         "peers": [peer],
         "centralized": {
             "test_accuracy": 0.31,

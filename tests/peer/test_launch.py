@@ -493,8 +493,9 @@ def test_launch_save_model_and_log_dir_write_the_swarm_average_and_every_record(
         assert float(rows[-1]["accuracy"]) == accuracy[name]
         assert list((logs / name).glob("events.out.tfevents.*"))
     swarm = read_rows(logs / "swarm" / "metrics.csv")
-    assert list(swarm[0]) == ["time_s", "peer", "step", "loss", "accuracy", "bytes_in",
-                              "bytes_out", "exchanges_ok", "exchanges_failed"]  # fmt: skip
+    assert list(swarm[0]) == ["time_s", "peer", "step", "loss", "accuracy", "bits_per_byte",
+                              "mse", "bytes_in", "bytes_out", "exchanges_ok",
+                              "exchanges_failed"]  # fmt: skip
     *polled, last_0, last_1, centralized = swarm
     assert {row["peer"] for row in polled} == {"peer-0", "peer-1"}
     assert all(row["accuracy"] == "" for row in polled)  # not evaluated while training

@@ -62,8 +62,8 @@ def test_rows_follow_the_fixed_header_with_blank_cells_for_unknown_values(
     assert lines[0] == ",".join(CSV_COLUMNS)
     first, second, third = rows(tmp_path / "run" / "metrics.csv")
     assert {k: v for k, v in first.items() if k != "time_s"} == {
-        "step": "50", "loss": "0.75", "accuracy": "", "bytes_in": "4096", "bytes_out": "2048",
-        "exchanges_ok": "9", "exchanges_failed": "1",
+        "step": "50", "loss": "0.75", "accuracy": "", "bits_per_byte": "", "mse": "",
+        "bytes_in": "4096", "bytes_out": "2048", "exchanges_ok": "9", "exchanges_failed": "1",
     }  # fmt: skip
     assert float(first["time_s"]) > 1e9  # Unix time
     assert second["step"] == "0"

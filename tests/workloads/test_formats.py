@@ -306,11 +306,16 @@ def test_npz_round_trip(tmp_path: Path) -> None:
     [
         ({"y_test": None}, r"missing key\(s\) y_test"),
         (
-            {"y": np.zeros(10, dtype=np.float32)},
-            r"key 'y' must be integer, either 1-D labels \[N\]",
+            {"y": np.zeros(10, dtype=np.complex64)},
+            r"key 'y' \(dtype complex64, shape \(10,\)\) says no task; allowed: 1-D integer "
+            r"labels \[N\] \(classification\), integer next tokens \[N, L\] of x's shape "
+            r"\(language-model\), or float targets \[N, ...\] \(regression\); or declare one",
         ),
-        ({"y": np.zeros((10, 1), dtype=np.int64)}, r"key 'y' must be integer, either 1-D labels"),
-        ({"y": np.zeros(9, dtype=np.int64)}, r"key 'y' has 9 labels but 'x' has 10 samples"),
+        (
+            {"y": np.zeros((10, 1), dtype=np.int64)},
+            r"key 'y' \(dtype int64, shape \(10, 1\)\) says",
+        ),
+        ({"y": np.zeros(9, dtype=np.int64)}, r"key 'y' has 9 targets but 'x' has 10 samples"),
         ({"y": np.full(10, -1)}, r"key 'y' holds a negative label"),
         ({"x_test": np.zeros((4, 5))}, r"key 'x_test' has sample shape \(5,\) but 'x' has \(3,\)"),
         ({"x": np.array(["a"] * 10)}, r"key 'x' must be a numeric"),

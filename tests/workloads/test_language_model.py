@@ -186,7 +186,8 @@ def test_user_npz_with_next_tokens_is_a_language_model(tmp_path: Path) -> None:
     np.savez(tmp_path / "bad.npz", x=x, y=y[:, :5])
     with pytest.raises(
         DataFileError,
-        match=r"key 'y' must be integer, either 1-D labels \[N\].*next tokens \[N, L\]",
+        match=r"key 'y' \(dtype int64, shape \(100, 5\)\) says no task; allowed: 1-D integer "
+        r"labels \[N\].*next tokens \[N, L\]",
     ):
         load_dataset(str(tmp_path / "bad.npz"))
     np.savez(tmp_path / "floaty.npz", x=x.astype(np.float32), y=y)

@@ -123,8 +123,8 @@ def test_build_model_spec_and_keyword_parameters() -> None:
         build_model("mlp:hidden=0", (4,), 3)
     with pytest.raises(ValueError, match=r"cnn2d: input_shape must be \(channels, height, width\)"):
         build_model("cnn2d", (40,), 3)
-    with pytest.raises(ValueError, match="num_classes must be an int >= 2"):
-        build_model("mlp", (4,), 1)
+    with pytest.raises(ValueError, match=r"num_classes \(the outputs per sample.*>= 1, got 0"):
+        build_model("mlp", (4,), 0)
     with pytest.raises(ValueError, match="input_shape must be a non-empty tuple of positive ints"):
         build_model("mlp", (0,), 3)
 
