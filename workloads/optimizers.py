@@ -123,13 +123,20 @@ OPTIMIZER_KEYS: dict[str, OptimizerKey] = {
 with dashes, ``name`` is ``--optimizer``)."""
 
 
+def _range(bracket: str) -> str:
+    return bracket if bracket[0] in "<>" else f"in {bracket}"
+
+
 def _number(key: str, value: Any, *, low: float, high: float = math.inf, open_low: bool = False,
             open_high: bool = False) -> float:  # fmt: skip
-    bracket = ("(" if open_low else "[") + f"{low:g}, {high:g}" + (")" if open_high else "]")
+    if high == math.inf:  # a lower bound only: "> 0", ">= 0"
+        bracket = ("> " if open_low else ">= ") + f"{low:g}"
+    else:
+        bracket = ("(" if open_low else "[") + f"{low:g}, {high:g}" + (")" if open_high else "]")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{key}: must be a finite number in {bracket}; got {value!r}")
+        raise ValueError(f"{key}: must be a finite number {_range(bracket)}; got {value!r}")
     if value < low or value > high or (open_low and value == low) or (open_high and value == high):
-        raise ValueError(f"{key}: must be a finite number in {bracket}; got {value!r}")
+        raise ValueError(f"{key}: must be a finite number {_range(bracket)}; got {value!r}")
     return float(value)
 
 

@@ -67,7 +67,7 @@ def test_the_peer_steps_at_the_scheduled_lr_with_its_gradient_clipped():
         (["--schedule", "cosine", "--gamma", "0.5"], "--gamma: schedule cosine does not"),
         (["--schedule", "step"], "--step-size: the step schedule needs it"),
         (["--min-lr", "0.01"], "--min-lr: schedule constant does not read it (only cosine)"),
-        (["--clip-norm", "0"], r"--clip-norm: must be a finite number in (0, inf]; got 0.0"),
+        (["--clip-norm", "0"], r"--clip-norm: must be a finite number > 0; got 0.0"),
     ],
 )
 def test_a_flag_the_optimizer_or_schedule_does_not_read_is_one_line_naming_it(
