@@ -61,15 +61,23 @@ def test_low_communication_family_sends_h_times_fewer_bytes_and_sparseloco_far_f
     assert total["NoLoCo"] == pytest.approx(total["gossip-DiLoCo"], rel=0.01)
 
 
-def test_outer_nesterov_and_plain_averaging_both_run_at_every_h():
-    runs = _quick("lm-outer-momentum", shrink=6, peers=4)
-    assert len(runs) == 6
+def test_outer_nesterov_plain_averaging_and_data_parallel_at_equal_tokens():
+    # 1/40 of the rounds: 100 inner steps per peer (H = 200: one outer step of 200)
+    runs = _quick("lm-outer-momentum", shrink=40, peers=4)
+    labels = [f"{outer}, H={h}" for h in (10, 50, 200) for outer in ("Nesterov", "averaging")]
+    assert set(runs) == {"data parallel", *labels}
     for records in runs.values():
         _learned(records)
     for h in (10, 50, 200):
         nesterov, averaging = runs[f"Nesterov, H={h}"], runs[f"averaging, H={h}"]
         assert nesterov[-1].steps == averaging[-1].steps
         assert nesterov[-1].test_bits_per_byte != averaging[-1].test_bits_per_byte
+    # DiLoCo against data parallel at equal tokens: one all-reduce every H steps, not every step
+    data_parallel = runs["data parallel"][-1]
+    for h in (10, 50):
+        diloco = runs[f"Nesterov, H={h}"][-1]
+        assert diloco.steps == data_parallel.steps
+        assert data_parallel.bytes_total == pytest.approx(h * diloco.bytes_total)
 
 
 def test_on_a_slow_network_data_parallel_pays_the_all_reduce_latency_every_step():
