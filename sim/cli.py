@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from sim.build import build
 from sim.config import ALGORITHMS, ConfigError, ExperimentConfig, load_experiment
 from sim.divergence import EXIT_DIVERGED, Divergence
-from sim.metrics import Record, plot, write_csv, write_jsonl
+from sim.metrics import Record, plot, write_csv, write_jsonl, write_runs_jsonl
 from sim.runner import run
 from sim.sweep import (
     FIELD_ALIASES,
@@ -307,7 +307,7 @@ def _compare(args: argparse.Namespace) -> int:
     csv = args.csv or (Path(output.csv) if output and output.csv else None)
     figure = args.plot or (Path(output.plot) if output and output.plot else None)
     if jsonl:
-        write_jsonl([record for records in runs.values() for record in records], jsonl)
+        write_runs_jsonl(runs, jsonl)
     if csv:
         write_table(*result_table(outcome), csv)
     if figure and runs:

@@ -435,6 +435,17 @@ def draw_runs(
         if time_scale == "linear" or r.time > 0.0
     ]
     _set_axis(distance_time, "y", distance_scale, shown, DISTANCE_LABEL)
+    finite_shown = _finite(shown)
+    if finite_shown and max(finite_shown) <= 0.0:  # exact averages: an empty-looking panel
+        distance_time.text(
+            0.5,
+            0.5,
+            "consensus distance 0 (or rounding) in every run:\nthe replicas are equal",
+            transform=distance_time.transAxes,
+            ha="center",
+            va="center",
+            color="0.35",
+        )
     for axis in (accuracy_time, accuracy_bytes):
         axis.set_ylabel(BITS_PER_BYTE_LABEL if language else ACCURACY_LABEL)
     for axis in (accuracy_time, accuracy_bytes, distance_time):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -282,26 +282,54 @@ class Evaluation:
         return measured
 
 
+RUN_KEY = "run"
+"""The key that names a record's run in a comparison's JSON lines (:func:`write_runs_jsonl`)."""
+
+
+def _json_row(record: Record, run: str | None = None) -> str:
+    row: dict[str, Any] = {} if run is None else {RUN_KEY: run}
+    row.update(
+        (k, None if isinstance(v, float) and math.isnan(v) else v)
+        for k, v in record.as_dict().items()
+    )
+    return json.dumps(row) + "\n"
+
+
 def write_jsonl(records: Iterable[Record], path: str | Path) -> None:
     """One JSON object per line, :meth:`Record.as_dict` (NaN written as null)."""
     with Path(path).open("w", encoding="utf-8") as handle:
-        for record in records:
-            row = {
-                k: (None if isinstance(v, float) and math.isnan(v) else v)
-                for k, v in record.as_dict().items()
-            }
-            handle.write(json.dumps(row) + "\n")
+        handle.writelines(_json_row(record) for record in records)
 
 
-def read_jsonl(path: str | Path) -> list[Record]:
-    """The records :func:`write_jsonl` wrote."""
-    records = []
+def write_runs_jsonl(runs: Mapping[str, Iterable[Record]], path: str | Path) -> None:
+    """Several runs' records as :func:`write_jsonl` writes them, each line led by its run's
+    name under :data:`RUN_KEY` (``sim compare``: named runs of one algorithm stay apart)."""
+    with Path(path).open("w", encoding="utf-8") as handle:
+        for name, records in runs.items():
+            handle.writelines(_json_row(record, name) for record in records)
+
+
+def _read_rows(path: str | Path) -> Iterator[tuple[str | None, Record]]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.strip():
             row: dict[str, Any] = json.loads(line)
+            name = row.pop(RUN_KEY, None)
             values: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in row.items()}
-            records.append(Record.from_dict(values))
-    return records
+            yield (None if name is None else str(name)), Record.from_dict(values)
+
+
+def read_runs_jsonl(path: str | Path) -> dict[str, list[Record]]:
+    """The runs :func:`write_runs_jsonl` wrote, by name, each in file order (lines without a
+    run name, as :func:`write_jsonl` writes them, under their ``algorithm``)."""
+    runs: dict[str, list[Record]] = {}
+    for name, record in _read_rows(path):
+        runs.setdefault(record.algorithm if name is None else name, []).append(record)
+    return runs
+
+
+def read_jsonl(path: str | Path) -> list[Record]:
+    """The records :func:`write_jsonl` (or :func:`write_runs_jsonl`) wrote, in file order."""
+    return [record for _, record in _read_rows(path)]
 
 
 def write_csv(records: Iterable[Record], path: str | Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from sim.cli import main
 from sim.config import ConfigError, load_experiment
+from sim.metrics import read_jsonl, read_runs_jsonl
 from sim.sweep import named_runs_axis, plan_sweep
 
 BASE = """
@@ -89,3 +90,22 @@ def test_compare_without_a_choice_needs_named_runs(tmp_path, capsys):
     assert caught.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "[compare]" in error[0] and "--algorithms" in error[0]
+
+
+def test_compare_keeps_named_runs_of_one_algorithm_apart_in_its_json_lines(tmp_path):
+    path = _file(
+        tmp_path,
+        """
+        [compare."H=1"]
+        algorithm = { name = "allreduce" }
+        [compare."H=2, Nesterov"]
+        algorithm = { name = "allreduce", local_steps = 2, outer_optimizer = "sgd:lr=0.7,momentum=0.9,nesterov=true" }
+        """,
+    )
+    out = tmp_path / "runs.jsonl"
+    assert main(["compare", str(path), "--quiet", "--jsonl", str(out)]) == 0
+    runs = read_runs_jsonl(out)
+    assert list(runs) == ["H=1", "H=2, Nesterov"]
+    assert {r.algorithm for rs in runs.values() for r in rs} == {"allreduce"}
+    assert 2 * runs["H=1"][-1].steps == runs["H=2, Nesterov"][-1].steps  # 2 steps a round
+    assert len(read_jsonl(out)) == sum(len(rs) for rs in runs.values())
