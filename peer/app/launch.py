@@ -24,8 +24,8 @@ accuracy, and the centralized reference's (``peer`` = ``centralized``).
 ``tensorboard --logdir DIR`` shows them all.
 
 This module is the command line and the order of events; ``demo`` is ``launch`` with
-defaults picked to finish in about a minute on two CPU cores: 4 peers, MNIST-1D, an MLP,
-asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
+defaults picked to finish in under half a minute on two idle CPU cores (the README's one
+statement, measured in docs/benchmarks.md): 4 peers, MNIST-1D, an MLP, asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
 trains, each peer's full command line (``--peer-args`` included) with the peer's own parser
 (:func:`peer.app.cli.parse_peer_args`): a mistake is one line and exit code 2.
 
