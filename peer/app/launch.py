@@ -89,24 +89,53 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         "Guide: docs/peer.md.",
     )
     swarm = parser.add_argument_group("swarm")
-    swarm.add_argument("--peers", type=int, default=4, help="number of peer processes (2-64)")
     swarm.add_argument(
-        "--client-only", type=int, default=0, metavar="K", help="the last K peers never listen"
+        "--peers", type=int, default=4, help="number of peer processes, 2-64 (default %(default)s)"
+    )
+    swarm.add_argument(
+        "--client-only",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the last K peers never listen (default %(default)s)",
     )
     swarm.add_argument("--algorithm", help=", ".join(ALGORITHMS) + " (default ad-psgd)")
-    swarm.add_argument("--mode", choices=MODES)
+    swarm.add_argument(
+        "--mode",
+        choices=MODES,
+        help="async (ad-psgd) or sync (dpsgd) (default: from --algorithm, else async)",
+    )
     add_setting_flags(swarm)
     swarm.add_argument(
         "--byzantine",
         metavar="K:ATTACK",
         help="evaluation: the last K peers are Byzantine and send ATTACK (a consensus attack, "
-        "e.g. 1:sign-flip); their accuracy is reported apart from the honest peers'",
+        "e.g. 1:sign-flip); their accuracy is reported apart from the honest peers' "
+        "(default: none)",
     )
-    swarm.add_argument("--fanout", type=int)
-    swarm.add_argument("--round-deadline-s", type=float)
-    swarm.add_argument("--topology", help="one of " + ", ".join(topology_names()))
-    swarm.add_argument("--topology-weights")
-    swarm.add_argument("--device", help="auto, cpu, cuda, cuda:I")
+    swarm.add_argument(
+        "--fanout",
+        type=int,
+        help="async: neighbours each peer averages with per round (default: the peer's, 1; "
+        "2 for a client-only peer)",
+    )
+    swarm.add_argument(
+        "--round-deadline-s",
+        type=float,
+        metavar="SECONDS",
+        help="sync: how long a round waits for neighbours (default: the peer's, 5)",
+    )
+    swarm.add_argument(
+        "--topology",
+        help="one of "
+        + ", ".join(topology_names())
+        + " (default: none, each peer picks random neighbours)",
+    )
+    swarm.add_argument(
+        "--topology-weights",
+        help="metropolis, max-degree, lazy, uniform (default: metropolis, uniform if directed)",
+    )
+    swarm.add_argument("--device", help="auto, cpu, cuda, cuda:I (default: the peer's, cpu)")
     swarm.add_argument(
         "--max-serving-share",
         type=float,
@@ -114,43 +143,71 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="each peer's limit on the share of its training time spent serving exchanges, "
         "in (0, 1] (default: the peer's)",
     )
-    swarm.add_argument("--checkpoint-every", type=int, help="steps (checkpoints in --dir)")
-    swarm.add_argument("--log-level", help="peers' log level (their stderr goes to --dir)")
     swarm.add_argument(
-        "--peer-args", default="", metavar="ARGS", help="more peer flags, one shell-quoted string"
+        "--checkpoint-every",
+        type=int,
+        help="steps between each peer's checkpoints, in --dir (default: none, no checkpoints)",
+    )
+    swarm.add_argument(
+        "--log-level",
+        help="peers' log level; their stderr goes to --dir (default: the peer's, WARNING)",
+    )
+    swarm.add_argument(
+        "--peer-args",
+        default="",
+        metavar="ARGS",
+        help="more peer flags, one shell-quoted string (default: none)",
     )
     work = parser.add_argument_group("workload")
     work.add_argument(
         "--dataset",
         default="mnist1d:num_samples=4000",
-        help="workloads spec, FILE.npz, or your MODULE:FACTORY (default mnist1d:num_samples=4000)",
+        help="workloads spec, FILE.npz, or your MODULE:FACTORY (default %(default)s)",
     )
-    work.add_argument("--partition", default="iid")
+    work.add_argument(
+        "--partition",
+        default="iid",
+        help="how the data is split among the peers: iid, dirichlet:alpha=0.5, shards:... "
+        "(default %(default)s)",
+    )
     work.add_argument(
         "--model",
         default="mlp",
-        help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet)",
+        help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet) "
+        "(default %(default)s)",
     )
-    work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
+    work.add_argument(
+        "--batch-size", type=int, default=32, help="samples per step (default %(default)s)"
+    )
     add_optimizer_flags(work)
-    work.add_argument("--seed", type=int, default=0)
-    work.add_argument("--steps", type=int, default=500, help="optimizer steps per peer")
+    work.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the partition, the initial model, the batches (default %(default)s)",
+    )
+    work.add_argument(
+        "--steps", type=int, default=500, help="optimizer steps per peer (default %(default)s)"
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
-        "--dir", help="keep the run's files here (logs, results, checkpoints); default: temporary"
+        "--dir",
+        help="keep the run's files here: logs, results, checkpoints (default: a temporary "
+        "folder, removed after a clean run)",
     )
     out.add_argument(
         "--progress",
         choices=("auto", "live", "lines", "none"),
         default="auto",
-        help="live table (rich), plain lines every few seconds, or nothing; auto: live on a TTY",
+        help="live table (rich), plain lines every few seconds, or nothing; auto: live on a TTY "
+        "(default %(default)s)",
     )
     out.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     out.add_argument(
         "--save-model",
         metavar="FILE",
         help="write the average of the finished peers' models as safetensors + JSON to FILE "
-        "(docs/models.md)",
+        "(docs/models.md; default: none)",
     )
     out.add_argument(
         "--log-dir",
@@ -158,8 +215,19 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="training records as metrics.csv + TensorBoard event files: each peer's in "
         "DIR/peer-<i>/, and the swarm's view in DIR/swarm/ (every peer's step, loss, bytes "
         "and exchanges as polled, then each final test accuracy and the centralized one); "
-        "view with tensorboard --logdir DIR. Needs pip install 'gossipnet[logging]'",
+        "view with tensorboard --logdir DIR. Needs pip install 'gossipnet[logging]' "
+        "(default: none)",
     )
+    if demo:  # the demo's defaults are the defaults its --help shows
+        chosen = set(DEMO_DEFAULTS[::2])
+        given = vars(parser.parse_args(DEMO_DEFAULTS))
+        parser.set_defaults(
+            **{
+                action.dest: given[action.dest]
+                for action in parser._actions
+                if chosen & set(action.option_strings)
+            }
+        )
     return parser
 
 

@@ -4,7 +4,7 @@
 group: ``peer-0`` is the bootstrap and the others ``--join`` it (or, with ``--topology``,
 every rank gets a port in a generated peer file, :func:`free_ports`, and all start at once).
 A fresh 32-byte swarm secret is written to a file readable only by the user and passed with
-``--secret-file``; peer i trains on shard i (``--num-peers N --peer-index i``) and writes its
+``--secret-file``; peer i trains on shard i (``--peers N --peer-index i``) and writes its
 stdout, stderr, address, final evaluation (and, with ``--save-model``, its model) into the
 run directory (with ``launch --log-dir DIR``, its training record in ``DIR/peer-<i>/``)
 (:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
@@ -202,7 +202,7 @@ def peer_flags(
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
     flags += [
-        "--id", f"peer-{index}", "--num-peers", str(args.peers), "--peer-index", str(index),
+        "--id", f"peer-{index}", "--peers", str(args.peers), "--peer-index", str(index),
         "--progress", "lines",
         "--status-every", str(max(1, args.steps // 10)),
         "--wait-for-peers", str(args.peers - 1),
