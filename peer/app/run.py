@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from peer.app.logs import above_live
 from peer.app.peer_flags import check_optimizer_flags
 from peer.app.status import human_bytes
 from peer.node.config import PeerConfig, resolve_device
@@ -292,7 +293,8 @@ class _Rate:
 
 
 async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
-    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s."""
+    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s;
+    log lines go above it, never onto it (:func:`peer.app.logs.above_live`)."""
     from rich.console import Console
     from rich.live import Live
     from rich.text import Text
@@ -308,7 +310,8 @@ async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
             f"neighbours {len(neighbours)}  {human_bytes(rate.read())}/s"
         )
 
-    with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
+    console = Console(stderr=True)
+    with Live(line(), console=console, auto_refresh=False) as live, above_live(console):
         try:
             while not stop.is_set():
                 live.update(line(), refresh=True)
