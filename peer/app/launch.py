@@ -9,8 +9,10 @@ model on all the data with the peers' combined batch (N x batch size) for as man
 i.e. on the same number of samples (:func:`workloads.train_centralized`). At the end every
 peer writes its test accuracy (``gossipnet peer --eval-out``) and the launcher prints each
 beside the centralized one (:mod:`peer.app.report`). Ctrl-C (or SIGTERM) stops the swarm
-cleanly: SIGTERM to the group, a grace period for the final checkpoints, then SIGKILL, no
-orphans.
+cleanly: SIGTERM to the group, a grace for the final checkpoints, evaluations and model
+files (``--grace``; by default 15 s, longer while a peer says it is still finishing, up to
+10 minutes), then SIGKILL, no orphans; a peer the grace ran out on is named in one line and
+its row says why.
 
 ``--save-model FILE`` has every peer write its model into the run directory and, at the
 end, writes the average of the models of the peers that finished to FILE
@@ -50,7 +52,7 @@ from typing import Any
 from peer.app.peer_flags import add_optimizer_flags, check_optimizer_flags
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
-from peer.app.swarm import GRACE_S, Swarm, peer_flags
+from peer.app.swarm import GRACE_LIMIT_S, GRACE_S, PeerProcess, Swarm, peer_flags
 from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
 from peer.node.config import ALGORITHMS, MODES
 from peer.node.logbook import Logbook, LogbookError, check_log_dir
@@ -84,7 +86,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test accuracy is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --dir, --json, --progress, "
+        epilog="Every option but --peers, --client-only, --grace, --dir, --json, --progress, "
         "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
         "Guide: docs/peer.md.",
     )
@@ -151,6 +153,15 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     swarm.add_argument(
         "--log-level",
         help="peers' log level; their stderr goes to --dir (default: the peer's, WARNING)",
+    )
+    swarm.add_argument(
+        "--grace",
+        type=float,
+        metavar="SECONDS",
+        help="at the end (or on Ctrl-C), how long the stopped peers get to checkpoint, "
+        "evaluate and save before they are killed (default: "
+        f"{GRACE_S:g} s, longer while a peer says it is still evaluating or saving, up to "
+        f"{GRACE_LIMIT_S:g} s)",
     )
     swarm.add_argument(
         "--peer-args",
@@ -240,6 +251,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--client-only: cannot be combined with --topology (every rank listens)")
     if args.steps < 1:
         parser.error(f"--steps: must be >= 1, got {args.steps}")
+    if args.grace is not None and not 0 <= args.grace <= 86400:
+        parser.error(f"--grace: must be seconds in [0, 86400], got {args.grace:g}")
     if args.batch_size < 1:
         parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
     try:
@@ -430,7 +443,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         finally:
             if interrupted or failed:
                 halt.set()
-            swarm.stop(GRACE_S)
+            killed = swarm.stop(args.grace, say=lambda line: _say(prog, line))
+            if killed:
+                _say(prog, _killed_line(killed, args.grace))
         reference.join()
         results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
         if logbook is not None:
@@ -460,6 +475,22 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
     if interrupted:
         return 130
     return 1 if bad or failed else 0
+
+
+def _say(prog: str, line: str) -> None:
+    print(f"{prog}: {line}", file=sys.stderr, flush=True)
+
+
+def _killed_line(killed: Sequence[PeerProcess], grace: float | None) -> str:
+    """One line for the peers the grace ran out on: who, doing what, and the flag."""
+    which = "; ".join(f"{peer.peer_id} {peer.killed}" for peer in killed)
+    hint = (
+        f"--grace {grace:g} was too short for them; raise it"
+        if grace is not None
+        else f"raise --grace (default {GRACE_S:g} s, up to {GRACE_LIMIT_S:g} s while a peer "
+        "is still finishing)"
+    )
+    return f"the grace for stopping ran out: {which}; {hint}"
 
 
 def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> None:

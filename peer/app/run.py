@@ -8,7 +8,9 @@ this peer's shard of the partition, model, local optimizer, endless batches).
 after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stderr, or
 a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
 evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
-final JSON status line. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
+final JSON status line; on the way out, a status line with ``"phase"`` (``stopping``,
+``evaluating``, ``saving``) before each of those steps, so a supervisor knows the peer is
+still finishing. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
 :mod:`peer.node.logbook`) per chunk and a last one with the test accuracy. A join that no ``--join`` address answered within
 ``--join-timeout-s`` is one error line and exit code 2.
 """
@@ -169,10 +171,12 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
         if progress is not None:
             progress.cancel()
             await asyncio.gather(progress, return_exceptions=True)
+        _phase(peer, rate, "stopping", live)
         await peer.stop()
     final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
     evaluation = None
     if args.eval_out:
+        _phase(peer, rate, "evaluating", live)
         evaluation = await _write_evaluation(peer, data, args)
         final["test_accuracy"] = evaluation["test_accuracy"]
         if "test_bits_per_byte" in evaluation:  # a language model's
@@ -180,9 +184,19 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
     await _record(logbook, peer, evaluation)
     model_file = getattr(args, "save_model", None)
     if model_file:
+        _phase(peer, rate, "saving", live)
         final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
     print(json.dumps(final), flush=True)
     return 0
+
+
+def _phase(peer: Peer, rate: _Rate, phase: str, live: bool) -> None:
+    """A status line saying what the peer is doing on its way out: ``stopping`` (final
+    checkpoint, connections closed), ``evaluating`` (``--eval-out``), ``saving``
+    (``--save-model``); ``launch`` waits longer for a peer that is still at it
+    (:meth:`peer.app.swarm.Swarm.stop`). Not on a live line: it is for supervisors."""
+    if not live:
+        print(json.dumps({**_status_line(peer, rate), "phase": phase}), flush=True)
 
 
 async def _record(

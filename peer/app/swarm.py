@@ -10,7 +10,8 @@ run directory (with ``launch --log-dir DIR``, its training record in ``DIR/peer-
 (:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
 which ``launch`` also checks before anything starts). :meth:`Swarm.stop` ends them
 together, never leaving orphans: SIGTERM to the group, a grace period for the final
-checkpoints, then SIGKILL. :meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason`
+checkpoints, evaluations and model files (``launch --grace``; by default longer while a peer
+says it is still finishing), then SIGKILL, each killed peer marked with why. :meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason`
 say truthfully where a peer is: starting, waiting for peers, running, finished, stopped
 before its steps, or failed, and why.
 """
@@ -29,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,12 @@ from typing import Any
 from gossip.settings import SETTING_NAMES
 
 GRACE_S = 15.0
-"""How long stopped peers get to checkpoint and exit before SIGKILL."""
+"""How long stopped peers get to checkpoint, evaluate, save and exit before SIGKILL; by
+default (``launch`` without ``--grace``) longer for a peer that says it is still finishing
+(a status line with a ``phase``), up to :data:`GRACE_LIMIT_S`."""
+GRACE_LIMIT_S = 600.0
+"""The longest a finishing peer is waited for by default: a peer evaluating a large model
+on busy cores for more than 10 minutes is taken to hang."""
 PASS_THROUGH = (
     "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "optimizer",
@@ -61,6 +67,8 @@ class PeerProcess:
     status: dict[str, Any] = field(default_factory=dict)
     rate: float = 0.0
     last_bytes: tuple[float, float] | None = None
+    killed: str | None = None
+    """Why the launcher killed it (:meth:`Swarm.stop`), for :meth:`exit_reason`."""
 
     @property
     def stdout(self) -> Path:
@@ -91,10 +99,13 @@ class PeerProcess:
 
     def exit_reason(self) -> str:
         """Why the process ended, never empty: for a peer that failed, its last stderr line
-        (its one-line error) with the exit code, or the signal that killed it."""
+        (its one-line error) with the exit code, the launcher's reason for killing it
+        (``killed after the grace of 15 s while evaluating``), or the signal that killed it."""
         code = self.process.returncode
         if code is None:
             return "still running"
+        if self.killed is not None and code == -signal.SIGKILL:
+            return self.killed
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -126,6 +137,12 @@ class PeerProcess:
         if self.failed():
             return f"failed: {self.exit_reason()}"
         return "finished" if reached else "stopped"
+
+    def phase(self) -> str | None:
+        """What the peer said it is doing on its way out (its last status line's ``phase``:
+        ``stopping``, ``evaluating``, ``saving``), or None."""
+        phase = self.last_status_line().get("phase")
+        return phase if isinstance(phase, str) else None
 
     def last_status_line(self) -> dict[str, Any]:
         for line in reversed(read_text(self.stdout).splitlines()):
@@ -310,14 +327,51 @@ class Swarm:
     def alive(self) -> list[PeerProcess]:
         return [p for p in self.peers if p.process.poll() is None]
 
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        """SIGTERM the group, wait ``grace_s`` for clean exits, then SIGKILL what is left."""
+    def stop(
+        self,
+        grace_s: float | None = None,
+        *,
+        base_s: float = GRACE_S,
+        limit_s: float = GRACE_LIMIT_S,
+        say: Callable[[str], None] | None = None,
+    ) -> list[PeerProcess]:
+        """SIGTERM the group, wait for clean exits, then SIGKILL what is left; returns the
+        peers killed, each with its reason (:attr:`PeerProcess.killed`).
+
+        ``grace_s``: wait exactly this long. ``None`` (the default): ``base_s``, and
+        for as long as a live peer's last status line says it is still finishing (a
+        ``phase``: stopping, evaluating, saving) up to ``limit_s`` in all. ``say`` gets one
+        line the first time the wait is extended."""
         self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.alive() and time.monotonic() < deadline:
+        start = time.monotonic()
+        allowed = base_s if grace_s is None else grace_s
+        extended = False
+        while self.alive():
+            waited = time.monotonic() - start
+            if waited >= base_s and grace_s is None:  # past the base: only while finishing
+                finishing = [p for p in self.alive() if p.phase() is not None]
+                if not finishing:
+                    allowed = base_s if not extended else waited
+                    break
+                if not extended:
+                    extended, allowed = True, limit_s
+                    if say is not None:
+                        names = ", ".join(f"{p.peer_id} ({p.phase()})" for p in finishing)
+                        say(
+                            f"waiting for {names} to finish, up to {limit_s:g} s in all "
+                            "(--grace SECONDS sets a fixed grace)"
+                        )
+            if waited >= allowed:
+                break
             time.sleep(0.05)
-        if self.alive():
+        killed = self.alive()
+        for peer in killed:
+            phase = peer.phase()
+            doing = f"while {phase}" if phase else "before it began to stop"
+            peer.killed = f"killed after the grace of {allowed:.3g} s {doing}"
+        if killed:
             self.signal_all(signal.SIGKILL)
         for peer in self.peers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 peer.process.wait(timeout=5)
+        return killed
