@@ -86,7 +86,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test accuracy is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --grace, --dir, --json, --progress, "
+        epilog="Every option but --peers, --client-only, --resume, --grace, --dir, --json, "
+        "--progress, "
         "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
         "Guide: docs/peer.md.",
     )
@@ -153,6 +154,14 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     swarm.add_argument(
         "--log-level",
         help="peers' log level; their stderr goes to --dir (default: the peer's, WARNING)",
+    )
+    swarm.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run kept in --dir from each peer's newest checkpoint "
+        "(DIR/peer-<i>.checkpoints: written when a peer stops, whenever --dir is given, and "
+        "every --checkpoint-every steps); each peer trains on to --steps in all, and the "
+        "centralized reference is trained again (default: a new run)",
     )
     swarm.add_argument(
         "--grace",
@@ -275,7 +284,45 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         except LogbookError as error:
             parser.error(str(error))
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
+    args.resumed = _resumed(args, parser) if args.resume else None
     _check_peer_options(args, parser)
+
+
+def _resumed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[int, int]:
+    """``--resume``: the step of each peer's newest valid checkpoint in ``--dir`` (peer index
+    -> step; the one each peer's own ``--resume`` will load), checked against the launch."""
+    from peer.node.checkpoint import CheckpointError, load_latest
+
+    if args.dir is None:
+        parser.error("--resume: needs --dir DIR, the folder of the run to resume")
+    folder = Path(args.dir)
+    found: dict[int, int] = {}
+    for path in sorted(folder.glob("peer-*.checkpoints")):
+        index = path.name.removeprefix("peer-").removesuffix(".checkpoints")
+        if not index.isdigit():
+            continue
+        try:
+            checkpoint = load_latest(path)
+        except CheckpointError as error:
+            parser.error(f"--resume: {error}")
+        if checkpoint is not None:
+            found[int(index)] = checkpoint.step
+    if not found:
+        parser.error(
+            f"--resume: no checkpoint in {folder}/peer-<i>.checkpoints; keep a run with --dir "
+            "DIR (its peers checkpoint when they stop, and every --checkpoint-every steps)"
+        )
+    if max(found) >= args.peers:
+        parser.error(
+            f"--resume: {folder} holds checkpoints of peer-{max(found)}; resume with the "
+            f"run's own --peers (at least {max(found) + 1}), got {args.peers}"
+        )
+    if len(found) == args.peers and min(found.values()) >= args.steps:
+        parser.error(
+            f"--resume: every peer's checkpoint is at step {min(found.values())} or later, "
+            f"already --steps {args.steps}; raise --steps to train further"
+        )
+    return found
 
 
 def _byzantine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str | None]:
@@ -414,6 +461,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
     except (ValueError, ImportError, OSError) as error:
         parser.error(f"--dataset: {error}")
     args.dataset = dataset
+    if args.resumed is not None:
+        where = ", ".join(f"peer-{i} at step {step}" for i, step in sorted(args.resumed.items()))
+        print(f"{prog}: resuming {args.dir}: {where}; on to step {args.steps}", file=sys.stderr)
     keep = args.dir is not None
     if keep:
         directory = Path(args.dir)

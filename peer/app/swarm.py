@@ -210,12 +210,18 @@ def peer_flags(
     peer_file: Path | None,
 ) -> list[str]:
     """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
-    (:data:`PASS_THROUGH`), its shard and files in ``directory``, the topology's peer file,
-    ``--byzantine`` for the last K, then ``--peer-args``. ``launch`` parses them with the
+    (:data:`PASS_THROUGH`), its shard and files in ``directory`` (checkpoints too when the
+    run is kept, ``--dir``, so that it can be resumed), the topology's peer file,
+    ``--byzantine`` for the last K, then ``--peer-args``. With ``launch --resume``
+    (``args.resumed``: index -> the step of that peer's newest checkpoint) each peer gets
+    ``--resume`` and the steps left to ``--steps`` in all. ``launch`` parses them with the
     peer's own parser before anything starts."""
     flags: list[str] = []
+    resumed: dict[int, int] | None = getattr(args, "resumed", None)  # launch --resume
     for name in PASS_THROUGH:
         value = getattr(args, name)
+        if name == "steps" and resumed is not None:  # on to --steps in all; 1 if already there
+            value = max(1, args.steps - resumed.get(index, 0))
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
     flags += [
@@ -229,8 +235,10 @@ def peer_flags(
         flags += ["--secret-file", str(secret_file)]
     if holds(args):
         flags.append("--hold")
-    if args.checkpoint_every:
+    if args.checkpoint_every or getattr(args, "dir", None) is not None:  # a kept run resumes
         flags += ["--checkpoint-dir", str(directory / f"peer-{index}.checkpoints")]
+    if resumed is not None:
+        flags.append("--resume")
     if getattr(args, "save_model", None):
         flags += ["--save-model", str(directory / f"peer-{index}.safetensors")]
     if getattr(args, "log_dir", None):  # launch --log-dir DIR: each peer's record in its folder
@@ -271,6 +279,9 @@ class Swarm:
 
     def spawn(self, index: int, extra: Sequence[str]) -> PeerProcess:
         peer_id = f"peer-{index}"
+        for stale in ("address", "eval.json", "safetensors", "json"):
+            # a run resumed in the same --dir: nothing of the last run may pass for this one's
+            (self.directory / f"{peer_id}.{stale}").unlink(missing_ok=True)
         command = [sys.executable, "-m", "gossipnet", "peer", *self._common(index), *extra]
         (self.directory / f"{peer_id}.command").write_text(shlex.join(command) + "\n")
         with (
