@@ -63,7 +63,7 @@ def _finished(peer: PeerProcess, steps: int, holding: bool) -> bool:
 def _neighbours(status: dict[str, Any]) -> int:
     listed = status.get("neighbours", [])
     if listed and isinstance(listed[0], dict):
-        return sum(1 for m in listed if m.get("status") != "evicted")
+        return sum(1 for m in listed if m.get("status") in ("alive", "suspected"))
     return len(listed)
 
 

@@ -35,6 +35,7 @@ from peer.app.peer_flags import check_optimizer_flags
 from peer.app.status import human_bytes
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.logbook import Logbook
+from peer.node.membership import Status
 from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
@@ -335,13 +336,17 @@ async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
             live.update(line(), refresh=True)
 
 
+LIVE: tuple[Status, ...] = ("alive", "suspected")
+"""The members a status line counts as neighbours (not evicted, not left)."""
+
+
 def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     """The status line printed per chunk: id, round, step, loss, bytes, live neighbours
     (and bytes/s with a ``rate``)."""
     status = peer.status()
     line = {
         key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
-    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
+    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] in LIVE]}
     if rate is not None:
         line["bytes_per_s"] = round(rate.read(), 1)
     return line

@@ -74,7 +74,7 @@ def test_two_peer_processes_train_together(tmp_path: Path) -> None:
     finally:
         first.kill()
     assert first.returncode == 0, err
-    assert status_lines(out)[-1]["bytes_in"] > 0  # b exchanged with a (then left: evicted)
+    assert status_lines(out)[-1]["bytes_in"] > 0  # b exchanged with a (then left)
     assert "listening on 127.0.0.1:" in second.stdout
     final = status_lines(second.stdout)[-1]
     assert final["stopped"] is True and final["step"] == 12 and final["neighbours"] == ["a"]
