@@ -77,12 +77,12 @@ def test_the_default_grace_waits_while_a_peer_is_finishing_then_kills_one_that_i
     tmp_path: Path,
 ) -> None:
     swarm = Swarm(ARGS, tmp_path)
-    evaluating = finishing_peer(swarm, 0, "evaluating", 1.0)
+    evaluating = finishing_peer(swarm, 0, "evaluating", 0.6)
     silent = finishing_peer(swarm, 1, None, 60)
     said: list[str] = []
     start = time.monotonic()
     killed = swarm.stop(base_s=0.2, limit_s=20, say=said.append)
-    assert 0.9 < time.monotonic() - start < 10
+    assert 0.5 < time.monotonic() - start < 10
     assert killed == [silent]
     assert evaluating.process.returncode == 0 and not evaluating.failed()
     assert silent.exit_reason().endswith("s before it began to stop"), silent.exit_reason()
