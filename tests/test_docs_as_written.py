@@ -84,3 +84,31 @@ def test_the_demo_has_one_duration_wherever_it_is_stated() -> None:
     assert "How long it takes is stated once, in the [README]" in guide
     for text in (flat(section), SUBCOMMANDS["demo"].summary, guide):
         assert "about a minute" not in text and "about half a minute" not in text
+
+
+def test_the_by_hand_recipe_is_valid_and_no_peer_trains_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/peer.md's "One peer by hand": every ``gossipnet peer`` line parses and checks with
+    the peer's own parser (its secret file written as the recipe writes it), and each waits
+    for the other before it trains."""
+    import secrets
+    import shlex
+
+    from peer.app.cli import parse_peer_args
+
+    text = (ROOT / "docs" / "peer.md").read_text().partition("## One peer by hand\n")[2]
+    block = re.search(r"```sh\n(.*?)```", text, re.S)
+    assert block is not None
+    commands = [
+        shlex.split(line.removesuffix("&"))
+        for line in block.group(1).replace("\\\n", " ").splitlines()
+        if line.startswith("gossipnet peer ")
+    ]
+    assert len(commands) == 2
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "swarm.secret").write_text(secrets.token_hex(32) + "\n")
+    for command in commands:
+        args, _config = parse_peer_args(command[2:], raise_errors=True)
+        assert args.wait_for_peers == len(commands) - 1, command
+        assert args.num_peers == len(commands)
