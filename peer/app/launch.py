@@ -25,10 +25,15 @@ it at a new step (peer, step, loss, bytes, exchanges), then per peer its final t
 accuracy, and the centralized reference's (``peer`` = ``centralized``).
 ``tensorboard --logdir DIR`` shows them all.
 
+``--resume`` continues a run kept with ``--dir`` (whose peers checkpoint when they stop,
+and every ``--checkpoint-every`` steps): each peer restarts from its newest valid checkpoint
+and trains on to ``--steps`` in all (:func:`peer.app.swarm.peer_flags`).
+
 This module is the command line and the order of events; ``demo`` is ``launch`` with
 defaults picked to finish in under half a minute on two idle CPU cores (the README's one
-statement, measured in docs/benchmarks.md): 4 peers, MNIST-1D, an MLP, asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
-trains, each peer's full command line (``--peer-args`` included) with the peer's own parser
+statement, measured in docs/benchmarks.md): 4 peers, MNIST-1D, an MLP, asynchronous
+AD-PSGD. Every flag is checked before any process starts or the baseline trains, each
+peer's full command line (``--peer-args`` included) with the peer's own parser
 (:func:`peer.app.cli.parse_peer_args`): a mistake is one line and exit code 2.
 
 Exit codes: 0 every peer finished, 1 a peer failed (its reason is shown), 2 bad
@@ -149,7 +154,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     swarm.add_argument(
         "--checkpoint-every",
         type=int,
-        help="steps between each peer's checkpoints, in --dir (default: none, no checkpoints)",
+        help="steps between each peer's checkpoints, in --dir (default: none; with --dir "
+        "each peer still checkpoints when it stops, for --resume)",
     )
     swarm.add_argument(
         "--log-level",
