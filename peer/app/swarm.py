@@ -10,10 +10,11 @@ run directory (with ``launch --log-dir DIR``, its training record in ``DIR/peer-
 (:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
 which ``launch`` also checks before anything starts). :meth:`Swarm.stop` ends them
 together, never leaving orphans: SIGTERM to the group, a grace period for the final
-checkpoints, evaluations and model files (``launch --grace``; by default longer while a peer
-says it is still finishing), then SIGKILL, each killed peer marked with why. :meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason`
-say truthfully where a peer is: starting, waiting for peers, running, finished, stopped
-before its steps, or failed, and why.
+checkpoints, evaluations and model files (``launch --grace``; by default longer while a
+peer says it is still finishing), then SIGKILL, each killed peer marked with why.
+:meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason` say truthfully where a peer
+is: starting, waiting for peers, running, finished, stopped before its steps, or failed,
+and why.
 """
 
 from __future__ import annotations
