@@ -17,6 +17,10 @@ unexport PYTHONDONTWRITEBYTECODE
 .PHONY: demo test reproduce chaos install lint format typecheck layers clean
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "make: installing gossipnet into $(VENV)/ with the versions pinned in constraints.txt:"
+	@echo "  PyTorch, aiohttp, msgpack, networkx, scipy; MNIST-1D and matplotlib (the simulator);"
+	@echo "  Ray, TensorBoard, pyarrow; the test and lint tools (extra [dev]). A few minutes the"
+	@echo "  first time; reused until pyproject.toml or constraints.txt change."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --no-compile -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)

@@ -44,7 +44,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     for s in [
         Subcommand(
             "demo",
-            "a 4-peer swarm on MNIST-1D in about half a minute (launch with good defaults)",
+            "a 4-peer swarm on MNIST-1D, under half a minute on 2 cores (launch, good defaults)",
             "peer.app.launch:demo_main",
         ),
         Subcommand(

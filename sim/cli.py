@@ -274,13 +274,25 @@ def _compare_axis(args: argparse.Namespace) -> GridAxis:
     return parse_axis("algorithm=" + ",".join(names), flag="--algorithms")
 
 
+def _compare_flag(args: argparse.Namespace) -> str:
+    """The flag of ``sim compare`` that chose its runs (errors name it, never sweep's)."""
+    if args.over is not None:
+        return "--over"
+    return "--algorithms" if args.algorithms is not None else "compare"
+
+
 def _plan(args: argparse.Namespace, axes: Sequence[GridAxis]) -> SweepPlan:
+    """The runs, checked; an error names this command's own flags (``compare`` has no
+    ``--grid`` and no ``--skip-invalid``)."""
+    compare = args.command == "compare"
     return plan_sweep(
         args.experiment,
         axes,
         settings=_settings(args),
         skip_invalid=getattr(args, "skip_invalid", False),
         check_device=args.ray is None,
+        flag=_compare_flag(args) if compare else "--grid",
+        skip_flag=None if compare else "--skip-invalid",
     )
 
 

@@ -76,7 +76,8 @@ A complete file (every key optional except where noted)::
     step_time = 0.01               # seconds per local step
     compute_distribution = "constant"
     compute_spread = 0.0
-    stragglers = {3 = 10.0}        # peer -> k times slower (TOML keys as strings: {"3" = 10.0})
+    stragglers = {3 = 10.0}        # peer -> k times slower (TOML keys as strings: {"3" = 10.0});
+                                   # a key may be a range of peers, as in [groups]: {"0-5" = 4.0}
     message_loss = 0.0
     crashes = [{peer = 2, at = 1.0, rejoin = 2.0}]
     stack_latency = 0.0            # the software stack's seconds per message, added to latency
@@ -454,13 +455,18 @@ class NetworkConfig:
         _float("network.compute_spread", self.compute_spread, 0.0)
         stragglers: dict[int, float] = {}
         for peer, factor in dict(self.stragglers).items():
-            try:
-                index = int(peer)
+            try:  # a peer, or peers in the id-set grammar of [groups]: "0-5", "1, 3-4"
+                indices = (int(peer),) if isinstance(peer, int) else parse_id_set(str(peer), "")
             except (TypeError, ValueError):
                 raise _fail(
-                    "network.stragglers", f"keys must be peer numbers, got {peer!r}"
+                    "network.stragglers",
+                    f"keys must be peer numbers or ranges ('3', '0-5', '1, 3-4'), got {peer!r}",
                 ) from None
-            stragglers[index] = _float(f"network.stragglers[{peer}]", factor, 0.0, open_low=True)
+            slower = _float(f"network.stragglers[{peer}]", factor, 0.0, open_low=True)
+            for index in indices:
+                if index in stragglers:
+                    raise _fail("network.stragglers", f"peer {index} is given twice; give it once")
+                stragglers[index] = slower
         object.__setattr__(self, "stragglers", stragglers)
         _float("network.message_loss", self.message_loss, 0.0, 0.999999)
         crashes = []

@@ -366,6 +366,8 @@ def plan_sweep(
     settings: Sequence[tuple[tuple[str, ...], Any]] = (),
     skip_invalid: bool = False,
     check_device: bool = True,
+    flag: str = "--grid",
+    skip_flag: str | None = "--skip-invalid",
 ) -> SweepPlan:
     """Every grid point of ``axes`` on the experiment file, built and validated before
     anything runs.
@@ -374,21 +376,23 @@ def plan_sweep(
     point raises :class:`SweepError` naming the point and the field, unless
     ``skip_invalid``; then it is listed in :attr:`SweepPlan.invalid` and not run.
     ``check_device``: also check that the config's device exists here (off for Ray, whose
-    workers may have devices this machine lacks).
+    workers may have devices this machine lacks). ``flag`` names the command's flag that
+    gave the axes (``sim compare``'s ``--over`` or ``--algorithms``), ``skip_flag`` the flag
+    that skips invalid points, or ``None`` where the command has none.
     """
     names = [axis.name for axis in axes]
     if not axes:
-        raise SweepError("--grid", "give at least one FIELD=VALUE1,VALUE2,...")
+        raise SweepError(flag, "give at least one FIELD=VALUE1,VALUE2,...")
     file = Path(experiment)
     base = load_experiment_data(file)
     entries = named_runs(base)
     paths = [axis.path for axis in axes]
     for position, axis_path in enumerate(paths):
         if axis_path in paths[:position]:
-            raise SweepError("--grid", f"{names[position]} is given twice; give it once")
+            raise SweepError(flag, f"{names[position]} is given twice; give it once")
     for setting, _ in settings:
         if setting in paths:
-            raise SweepError("--set", f"{'.'.join(setting)} is also a --grid field; give it once")
+            raise SweepError("--set", f"{'.'.join(setting)} is also a {flag} field; give it once")
     points: list[SweepPoint] = []
     invalid: list[InvalidPoint] = []
     for combination in itertools.product(*(axis.values for axis in axes)):
@@ -417,10 +421,12 @@ def plan_sweep(
     if invalid and not skip_invalid:
         first = invalid[0]
         more = f" (and {len(invalid) - 1} more)" if len(invalid) > 1 else ""
+        skip = f", or pass {skip_flag} to skip such points" if skip_flag else ""
+        what = "grid point" if flag == "--grid" else "run"
         raise SweepError(
-            "--grid",
-            f"grid point {first.label()} is invalid: {first.reason}{more}; "
-            "change the grid, or pass --skip-invalid to skip such points",
+            flag,
+            f"{what} {first.label()} is invalid: {first.reason}{more}; "
+            f"change the values of {flag}{skip}",
         )
     return SweepPlan(file, file.parent.resolve(), tuple(axes), tuple(points), tuple(invalid))
 

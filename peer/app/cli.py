@@ -35,9 +35,10 @@ The algorithm settings' flags (``--order``, ``--local-steps``, ``--aggregator``,
 Example, two peers on one machine::
 
     echo "a-long-swarm-secret-of-32-bytes" > swarm.secret
-    gossipnet peer --id a --port 7000 --secret-file swarm.secret --num-peers 2 --peer-index 0 &
+    gossipnet peer --id a --port 7000 --secret-file swarm.secret --peers 2 --peer-index 0 \\
+        --wait-for-peers 1 &
     gossipnet peer --id b --port 7001 --join 127.0.0.1:7000 --secret-file swarm.secret \\
-        --num-peers 2 --peer-index 1 --steps 500
+        --peers 2 --peer-index 1 --wait-for-peers 1 --steps 500
 
 This module is the parser and :func:`main` (flags checked, mapped onto a
 ``PeerConfig``); :mod:`peer.app.run` builds the peer and runs it, :mod:`peer.app.logs` sets
@@ -141,15 +142,14 @@ def _network(args: argparse.Namespace, parser: OneLineParser) -> dict[str, Any]:
 
 
 def _check_numbers(args: argparse.Namespace, parser: OneLineParser) -> None:
+    flag = _namer(parser)
     for name in ("steps", "status_every", "batch_size", "num_peers", "wait_for_peers"):
         minimum = 0 if name in ("steps", "wait_for_peers") else 1
         if getattr(args, name) < minimum:
-            parser.error(
-                f"--{name.replace('_', '-')}: must be >= {minimum}, got {getattr(args, name)}"
-            )
+            parser.error(f"{flag(name)}: must be >= {minimum}, got {getattr(args, name)}")
     if not 0 <= args.peer_index < args.num_peers:
         parser.error(
-            f"--peer-index: must be in [0, --num-peers={args.num_peers}), got {args.peer_index}"
+            f"--peer-index: must be in [0, --peers={args.num_peers}), got {args.peer_index}"
         )
 
 

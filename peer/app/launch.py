@@ -10,8 +10,10 @@ i.e. on the same number of samples (:func:`workloads.train_centralized`). At the
 peer writes its test metrics (``gossipnet peer --eval-out``: the data set's task's, accuracy,
 bits per byte or mean squared error, :mod:`workloads.task`) and the launcher prints each
 beside the centralized one (:mod:`peer.app.report`). Ctrl-C (or SIGTERM) stops the swarm
-cleanly: SIGTERM to the group, a grace period for the final checkpoints, then SIGKILL, no
-orphans.
+cleanly: SIGTERM to the group, a grace for the final checkpoints, evaluations and model
+files (``--grace``; by default 15 s, longer while a peer says it is still finishing, up to
+10 minutes), then SIGKILL, no orphans; a peer the grace ran out on is named in one line and
+its row says why.
 
 ``--save-model FILE`` has every peer write its model into the run directory and, at the
 end, writes the average of the models of the peers that finished to FILE
@@ -26,10 +28,15 @@ it at a new step (peer, step, loss, bytes, exchanges), then per peer its final t
 accuracy, and the centralized reference's (``peer`` = ``centralized``).
 ``tensorboard --logdir DIR`` shows them all.
 
+``--resume`` continues a run kept with ``--dir`` (whose peers checkpoint when they stop,
+and every ``--checkpoint-every`` steps): each peer restarts from its newest valid checkpoint
+and trains on to ``--steps`` in all (:func:`peer.app.swarm.peer_flags`).
+
 This module is the command line and the order of events; ``demo`` is ``launch`` with
-defaults picked to finish in about a minute on two CPU cores: 4 peers, MNIST-1D, an MLP,
-asynchronous AD-PSGD. Every flag is checked before any process starts or the baseline
-trains, each peer's full command line (``--peer-args`` included) with the peer's own parser
+defaults picked to finish in under half a minute on two idle CPU cores (the README's one
+statement, measured in docs/benchmarks.md): 4 peers, MNIST-1D, an MLP, asynchronous
+AD-PSGD. Every flag is checked before any process starts or the baseline trains, each
+peer's full command line (``--peer-args`` included) with the peer's own parser
 (:func:`peer.app.cli.parse_peer_args`): a mistake is one line and exit code 2.
 
 Exit codes: 0 every peer finished, 1 a peer failed (its reason is shown), 2 bad
@@ -53,7 +60,7 @@ from typing import Any
 from peer.app.peer_flags import add_link_flags, add_optimizer_flags, check_optimizer_flags
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results, test_metrics
-from peer.app.swarm import GRACE_S, Swarm, peer_flags
+from peer.app.swarm import GRACE_LIMIT_S, GRACE_S, PeerProcess, Swarm, peer_flags
 from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
 from peer.node.config import ALGORITHMS, MODES
 from peer.node.logbook import Logbook, LogbookError, check_log_dir
@@ -87,29 +94,59 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test metric is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --dir, --json, --progress, "
+        epilog="Every option but --peers, --client-only, --resume, --grace, --dir, --json, "
+        "--progress, "
         "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
         "Guide: docs/peer.md.",
     )
     swarm = parser.add_argument_group("swarm")
-    swarm.add_argument("--peers", type=int, default=4, help="number of peer processes (2-64)")
     swarm.add_argument(
-        "--client-only", type=int, default=0, metavar="K", help="the last K peers never listen"
+        "--peers", type=int, default=4, help="number of peer processes, 2-64 (default %(default)s)"
+    )
+    swarm.add_argument(
+        "--client-only",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the last K peers never listen (default %(default)s)",
     )
     swarm.add_argument("--algorithm", help=", ".join(ALGORITHMS) + " (default ad-psgd)")
-    swarm.add_argument("--mode", choices=MODES)
+    swarm.add_argument(
+        "--mode",
+        choices=MODES,
+        help="async (ad-psgd) or sync (dpsgd) (default: from --algorithm, else async)",
+    )
     add_setting_flags(swarm)
     swarm.add_argument(
         "--byzantine",
         metavar="K:ATTACK",
         help="evaluation: the last K peers are Byzantine and send ATTACK (a consensus attack, "
-        "e.g. 1:sign-flip); their accuracy is reported apart from the honest peers'",
+        "e.g. 1:sign-flip); their accuracy is reported apart from the honest peers' "
+        "(default: none)",
     )
-    swarm.add_argument("--fanout", type=int)
-    swarm.add_argument("--round-deadline-s", type=float)
-    swarm.add_argument("--topology", help="one of " + ", ".join(topology_names()))
-    swarm.add_argument("--topology-weights")
-    swarm.add_argument("--device", help="auto, cpu, cuda, cuda:I")
+    swarm.add_argument(
+        "--fanout",
+        type=int,
+        help="async: neighbours each peer averages with per round (default: the peer's, 1; "
+        "2 for a client-only peer)",
+    )
+    swarm.add_argument(
+        "--round-deadline-s",
+        type=float,
+        metavar="SECONDS",
+        help="sync: how long a round waits for neighbours (default: the peer's, 5)",
+    )
+    swarm.add_argument(
+        "--topology",
+        help="one of "
+        + ", ".join(topology_names())
+        + " (default: none, each peer picks random neighbours)",
+    )
+    swarm.add_argument(
+        "--topology-weights",
+        help="metropolis, max-degree, lazy, uniform (default: metropolis, uniform if directed)",
+    )
+    swarm.add_argument("--device", help="auto, cpu, cuda, cuda:I (default: the peer's, cpu)")
     swarm.add_argument(
         "--max-serving-share",
         type=float,
@@ -117,44 +154,90 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="each peer's limit on the share of its training time spent serving exchanges, "
         "in (0, 1] (default: the peer's)",
     )
-    swarm.add_argument("--checkpoint-every", type=int, help="steps (checkpoints in --dir)")
-    swarm.add_argument("--log-level", help="peers' log level (their stderr goes to --dir)")
     swarm.add_argument(
-        "--peer-args", default="", metavar="ARGS", help="more peer flags, one shell-quoted string"
+        "--checkpoint-every",
+        type=int,
+        help="steps between each peer's checkpoints, in --dir (default: none; with --dir "
+        "each peer still checkpoints when it stops, for --resume)",
+    )
+    swarm.add_argument(
+        "--log-level",
+        help="peers' log level; their stderr goes to --dir (default: the peer's, WARNING)",
+    )
+    swarm.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run kept in --dir from each peer's newest checkpoint "
+        "(DIR/peer-<i>.checkpoints: written when a peer stops, whenever --dir is given, and "
+        "every --checkpoint-every steps); each peer trains on to --steps in all, and the "
+        "centralized reference is trained again (default: a new run)",
+    )
+    swarm.add_argument(
+        "--grace",
+        type=float,
+        metavar="SECONDS",
+        help="at the end (or on Ctrl-C), how long the stopped peers get to checkpoint, "
+        "evaluate and save before they are killed (default: "
+        f"{GRACE_S:g} s, longer while a peer says it is still evaluating or saving, up to "
+        f"{GRACE_LIMIT_S:g} s)",
+    )
+    swarm.add_argument(
+        "--peer-args",
+        default="",
+        metavar="ARGS",
+        help="more peer flags, one shell-quoted string (default: none)",
     )
     add_link_flags(parser, who="each peer", pass_through=True)
     work = parser.add_argument_group("workload")
     work.add_argument(
         "--dataset",
         default="mnist1d:num_samples=4000",
-        help="workloads spec, FILE.npz, or your MODULE:FACTORY (default mnist1d:num_samples=4000)",
+        help="workloads spec, FILE.npz, or your MODULE:FACTORY (default %(default)s)",
     )
-    work.add_argument("--partition", default="iid")
+    work.add_argument(
+        "--partition",
+        default="iid",
+        help="how the data is split among the peers: iid, dirichlet:alpha=0.5, shards:... "
+        "(default %(default)s)",
+    )
     work.add_argument(
         "--model",
         default="mlp",
-        help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet)",
+        help="workloads model spec, or your MODULE:FACTORY (mymodel.py:MyNet) "
+        "(default %(default)s)",
     )
-    work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
+    work.add_argument(
+        "--batch-size", type=int, default=32, help="samples per step (default %(default)s)"
+    )
     add_optimizer_flags(work)
-    work.add_argument("--seed", type=int, default=0)
-    work.add_argument("--steps", type=int, default=500, help="optimizer steps per peer")
+    work.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the partition, the initial model, the batches (default %(default)s)",
+    )
+    work.add_argument(
+        "--steps", type=int, default=500, help="optimizer steps per peer (default %(default)s)"
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
-        "--dir", help="keep the run's files here (logs, results, checkpoints); default: temporary"
+        "--dir",
+        help="keep the run's files here: logs, results, checkpoints (default: a temporary "
+        "folder, removed after a clean run)",
     )
     out.add_argument(
         "--progress",
         choices=("auto", "live", "lines", "none"),
         default="auto",
-        help="live table (rich), plain lines every few seconds, or nothing; auto: live on a TTY",
+        help="live table (rich), plain lines every few seconds, or nothing; auto: live on a TTY "
+        "(default %(default)s)",
     )
     out.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     out.add_argument(
         "--save-model",
         metavar="FILE",
         help="write the average of the finished peers' models as safetensors + JSON to FILE, "
-        "evaluated on the test split (the figure is printed and recorded; docs/models.md)",
+        "evaluated on the test split (the figure is printed and recorded; docs/models.md; default: none)",
     )
     out.add_argument(
         "--log-dir",
@@ -162,8 +245,19 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="training records as metrics.csv + TensorBoard event files: each peer's in "
         "DIR/peer-<i>/, and the swarm's view in DIR/swarm/ (every peer's step, loss, bytes "
         "and exchanges as polled, then each final test accuracy and the centralized one); "
-        "view with tensorboard --logdir DIR. Needs pip install 'gossipnet[logging]'",
+        "view with tensorboard --logdir DIR. Needs pip install 'gossipnet[logging]' "
+        "(default: none)",
     )
+    if demo:  # the demo's defaults are the defaults its --help shows
+        chosen = set(DEMO_DEFAULTS[::2])
+        given = vars(parser.parse_args(DEMO_DEFAULTS))
+        parser.set_defaults(
+            **{
+                action.dest: given[action.dest]
+                for action in parser._actions
+                if chosen & set(action.option_strings)
+            }
+        )
     return parser
 
 
@@ -176,6 +270,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--client-only: cannot be combined with --topology (every rank listens)")
     if args.steps < 1:
         parser.error(f"--steps: must be >= 1, got {args.steps}")
+    if args.grace is not None and not 0 <= args.grace <= 86400:
+        parser.error(f"--grace: must be seconds in [0, 86400], got {args.grace:g}")
     if args.batch_size < 1:
         parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
     try:
@@ -198,7 +294,45 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         except LogbookError as error:
             parser.error(str(error))
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
+    args.resumed = _resumed(args, parser) if args.resume else None
     _check_peer_options(args, parser)
+
+
+def _resumed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[int, int]:
+    """``--resume``: the step of each peer's newest valid checkpoint in ``--dir`` (peer index
+    -> step; the one each peer's own ``--resume`` will load), checked against the launch."""
+    from peer.node.checkpoint import CheckpointError, load_latest
+
+    if args.dir is None:
+        parser.error("--resume: needs --dir DIR, the folder of the run to resume")
+    folder = Path(args.dir)
+    found: dict[int, int] = {}
+    for path in sorted(folder.glob("peer-*.checkpoints")):
+        index = path.name.removeprefix("peer-").removesuffix(".checkpoints")
+        if not index.isdigit():
+            continue
+        try:
+            checkpoint = load_latest(path)
+        except CheckpointError as error:
+            parser.error(f"--resume: {error}")
+        if checkpoint is not None:
+            found[int(index)] = checkpoint.step
+    if not found:
+        parser.error(
+            f"--resume: no checkpoint in {folder}/peer-<i>.checkpoints; keep a run with --dir "
+            "DIR (its peers checkpoint when they stop, and every --checkpoint-every steps)"
+        )
+    if max(found) >= args.peers:
+        parser.error(
+            f"--resume: {folder} holds checkpoints of peer-{max(found)}; resume with the "
+            f"run's own --peers (at least {max(found) + 1}), got {args.peers}"
+        )
+    if len(found) == args.peers and min(found.values()) >= args.steps:
+        parser.error(
+            f"--resume: every peer's checkpoint is at step {min(found.values())} or later, "
+            f"already --steps {args.steps}; raise --steps to train further"
+        )
+    return found
 
 
 def _byzantine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str | None]:
@@ -353,6 +487,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         parser.error(f"--dataset: {error}")
     _check_fit(args, data, parser)
     args.dataset = dataset
+    if args.resumed is not None:
+        where = ", ".join(f"peer-{i} at step {step}" for i, step in sorted(args.resumed.items()))
+        print(f"{prog}: resuming {args.dir}: {where}; on to step {args.steps}", file=sys.stderr)
     keep = args.dir is not None
     if keep:
         directory = Path(args.dir)
@@ -382,7 +519,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         finally:
             if interrupted or failed:
                 halt.set()
-            swarm.stop(GRACE_S)
+            killed = swarm.stop(args.grace, say=lambda line: _say(prog, line))
+            if killed:
+                _say(prog, _killed_line(killed, args.grace))
         reference.join()
         results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
         if logbook is not None:
@@ -412,6 +551,22 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
     if interrupted:
         return 130
     return 1 if bad or failed else 0
+
+
+def _say(prog: str, line: str) -> None:
+    print(f"{prog}: {line}", file=sys.stderr, flush=True)
+
+
+def _killed_line(killed: Sequence[PeerProcess], grace: float | None) -> str:
+    """One line for the peers the grace ran out on: who, doing what, and the flag."""
+    which = "; ".join(f"{peer.peer_id} {peer.killed}" for peer in killed)
+    hint = (
+        f"--grace {grace:g} was too short for them; raise it"
+        if grace is not None
+        else f"raise --grace (default {GRACE_S:g} s, up to {GRACE_LIMIT_S:g} s while a peer "
+        "is still finishing)"
+    )
+    return f"the grace for stopping ran out: {which}; {hint}"
 
 
 def record_results(logbook: Logbook, swarm: Swarm, results: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import fields
 
 from peer.app.usage import (
+    DeprecatedFlag,
     OneLineParser,
     add_setting_flags,
 )
@@ -91,7 +92,11 @@ def add_optimizer_flags(group: argparse._ArgumentGroup) -> None:
             shown = ",".join(f"{value:g}" for value in shown)
         elif isinstance(shown, float | int) and not isinstance(shown, bool):
             shown = f"{shown:g}"
-        help_text = readers + key.help + ("" if shown is None else f" (default {shown})")
+        if key.name == "nesterov":
+            shown = "false"
+        help_text = (
+            readers + key.help + (" (default: none)" if shown is None else f" (default {shown})")
+        )
         if key.name == "name":
             group.add_argument(
                 "--optimizer",
@@ -147,21 +152,22 @@ def add_link_flags(
         type=_flag_type(parse_duration),
         default=None if pass_through else 0.0,
         metavar="TIME",
-        help=f"one-way delay of each message; {DURATION_FORMS}",
+        help=f"one-way delay of each message; {DURATION_FORMS} (default 0)",
     )
     group.add_argument(
         "--bandwidth",
         type=_flag_type(parse_bandwidth),
         default=None,
         metavar="RATE",
-        help=f"uplink rate, a token bucket on the bytes sent; {BANDWIDTH_FORMS}",
+        help=f"uplink rate, a token bucket on the bytes sent; {BANDWIDTH_FORMS} "
+        "(default: unlimited)",
     )
     group.add_argument(
         "--jitter",
         type=_flag_type(parse_duration),
         default=None if pass_through else 0.0,
         metavar="TIME",
-        help="each message's delay uniform in latency +- jitter (seeded by --seed)",
+        help="each message's delay uniform in latency +- jitter (seeded by --seed; default 0)",
     )
     group.add_argument(
         "--message-loss",
@@ -169,7 +175,8 @@ def add_link_flags(
         default=None if pass_through else 0.0,
         metavar="P",
         help="each message lost with probability P (seeded by --seed); "
-        + LOSS_FORMS.replace("%", "%%"),
+        + LOSS_FORMS.replace("%", "%%")
+        + " (default 0)",
     )
 
 
@@ -212,14 +219,18 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     peer.add_argument("--id", dest="peer_id", required=True, help="peer id, [A-Za-z0-9._:-]{1,64}")
     peer.add_argument("--host", help="listen address (default 127.0.0.1)")
     peer.add_argument("--port", type=int, help="listen port, 0 = ephemeral (default)")
-    peer.add_argument("--advertise", metavar="HOST:PORT", help="address others should call")
+    peer.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="address others should call (default: the listen address and bound port)",
+    )
     peer.add_argument("--client-only", action="store_true", help="never listen; needs --join")
     peer.add_argument(
         "--join",
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="bootstrap peer (repeatable)",
+        help="a live peer to join (repeatable; default: none, this peer starts a swarm)",
     )
     peer.add_argument(
         "--join-timeout-s",
@@ -245,7 +256,7 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         metavar="ATTACK",
         help="evaluation only: act as a Byzantine member that sends this consensus attack "
         "(sign-flip, gaussian:sigma=1, alie, ...; see gossipnet consensus) instead of its "
-        "messages; sync algorithms only",
+        "messages; sync algorithms only (default: none, an honest peer)",
     )
     peer.add_argument(
         "--fanout",
@@ -255,11 +266,24 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         "--client-only peer, which nobody calls); a neighbour that answers busy gives its "
         "place to another, at most 2 a round",
     )
-    peer.add_argument("--round-deadline-s", type=float, default=5.0, help="sync: round deadline")
-    peer.add_argument("--seed", type=int, default=0)
+    peer.add_argument(
+        "--round-deadline-s",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="sync: how long a round waits for its neighbours' messages (default 5)",
+    )
+    peer.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the partition, the initial model, batches, neighbours, dropout (default 0)",
+    )
     peer.add_argument(
         "--topology",
-        help="neighbours from a graph over --peers-file: " + ", ".join(topology_names()),
+        help="neighbours from a graph over --peers-file: "
+        + ", ".join(topology_names())
+        + " (default: none, random neighbours from the membership view)",
     )
     peer.add_argument(
         "--topology-weights", help="metropolis (default, undirected), max-degree, lazy, uniform"
@@ -267,9 +291,11 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     peer.add_argument(
         "--peers-file",
         metavar="FILE",
-        help="with --topology: every peer's HOST:PORT, one a line (rank r = line r)",
+        help="with --topology: every peer's HOST:PORT, one a line (rank r = line r; default: none)",
     )
-    peer.add_argument("--rank", type=int, help="with --topology: this peer's line in --peers-file")
+    peer.add_argument(
+        "--rank", type=int, help="with --topology: this peer's line in --peers-file (default: none)"
+    )
     peer.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:INDEX (default cpu)")
     peer.add_argument(
         "--max-concurrent-exchanges",
@@ -286,18 +312,74 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         "exchanges may take, in (0, 1]; past it they get 409 busy "
         f"(default {PeerConfig.max_serving_share:g}; 1: no limit)",
     )
-    peer.add_argument("--request-timeout-s", type=float, default=10.0)
-    peer.add_argument("--suspect-after", type=int, default=1)
-    peer.add_argument("--evict-after", type=int, default=3)
-    peer.add_argument("--secret-file", help="file holding the swarm secret (>= 16 bytes)")
-    peer.add_argument("--clock-window-s", type=int, default=60)
-    peer.add_argument("--tls-cert")
-    peer.add_argument("--tls-key")
-    peer.add_argument("--tls-ca")
-    peer.add_argument("--max-body-factor", type=float, default=2.0)
-    peer.add_argument("--checkpoint-dir")
-    peer.add_argument("--checkpoint-every", type=int, default=0, help="steps, 0 = only at stop")
-    peer.add_argument("--keep-checkpoints", type=int, default=3)
+    peer.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="total timeout of every call to another peer (default 10)",
+    )
+    peer.add_argument(
+        "--suspect-after",
+        type=int,
+        default=1,
+        help="failed calls in a row before a neighbour is suspected (default 1)",
+    )
+    peer.add_argument(
+        "--evict-after",
+        type=int,
+        default=3,
+        help="failed calls in a row before a neighbour is evicted (default 3)",
+    )
+    peer.add_argument(
+        "--secret-file",
+        help="file holding the swarm secret, >= 16 bytes (default: $GOSSIPNET_SECRET; with "
+        "neither the swarm is open, with a loud warning)",
+    )
+    peer.add_argument(
+        "--clock-window-s",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="accepted clock skew of signed requests (default 60)",
+    )
+    peer.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve and call over TLS with this certificate "
+        "(default: none, plain HTTP; needs --tls-key)",
+    )
+    peer.add_argument(
+        "--tls-key", metavar="FILE", help="the private key of --tls-cert (default: none)"
+    )
+    peer.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="verify other peers' certificates against this CA (default: none, the system's)",
+    )
+    peer.add_argument(
+        "--max-body-factor",
+        type=float,
+        default=2.0,
+        help="a request body may be at most this factor x the model's bytes + 64 KiB (default 2)",
+    )
+    peer.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="write checkpoints here, for --resume (default: none, no checkpoints)",
+    )
+    peer.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="steps between checkpoints in --checkpoint-dir; 0 = only at stop (default 0)",
+    )
+    peer.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        help="newest checkpoints kept in --checkpoint-dir (default 3)",
+    )
     peer.add_argument(
         "--resume", action="store_true", help="start from the newest valid checkpoint"
     )
@@ -315,9 +397,28 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         help=f"workloads spec (mnist1d, synthetic:...), FILE.npz, {USER_CODE}; "
         f"default {DEFAULT_DATASET}",
     )
-    work.add_argument("--partition", default="iid", help="iid, dirichlet:alpha=0.5, shards:...")
-    work.add_argument("--num-peers", type=int, default=1, help="shards the data is split into")
-    work.add_argument("--peer-index", type=int, default=0, help="this peer's shard, 0-based")
+    work.add_argument(
+        "--partition",
+        default="iid",
+        help="how the data is split among --peers: iid, dirichlet:alpha=0.5, shards:... "
+        "(default iid)",
+    )
+    work.add_argument(
+        "--peers",
+        dest="num_peers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="peers the data is split among: N shards, this peer trains --peer-index "
+        "(default 1; launch's and workloads inspect's --peers)",
+    )
+    work.add_argument(
+        "--num-peers", dest="num_peers", type=int, metavar="N", action=DeprecatedFlag,
+        instead="--peers",
+    )  # fmt: skip
+    work.add_argument(
+        "--peer-index", type=int, default=0, help="this peer's shard, 0-based (default 0)"
+    )
     work.add_argument(
         "--model", default="mlp", help=f"workloads model spec (default mlp), {USER_CODE}"
     )
@@ -325,9 +426,17 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     add_optimizer_flags(work)
     add_link_flags(parser)
     run = parser.add_argument_group("run")
-    run.add_argument("--steps", type=int, default=0, help="optimizer steps, 0 = until a signal")
-    run.add_argument("--status-every", type=int, default=50, help="steps between status lines")
-    run.add_argument("--address-file", help="write HOST:PORT here once listening (for scripts)")
+    run.add_argument(
+        "--steps", type=int, default=0, help="optimizer steps, 0 = until a signal (default 0)"
+    )
+    run.add_argument(
+        "--status-every", type=int, default=50, help="steps between status lines (default 50)"
+    )
+    run.add_argument(
+        "--address-file",
+        metavar="FILE",
+        help="write HOST:PORT here once listening, for scripts (default: none)",
+    )
     run.add_argument(
         "--hold",
         action="store_true",
@@ -338,18 +447,20 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         type=int,
         default=0,
         metavar="K",
-        help="before training, wait (up to 60 s) until K other peers are alive",
+        help="before training, wait (up to 60 s) until K other peers are alive, so the first "
+        "peer does not train alone (default 0: train at once)",
     )
     run.add_argument(
         "--eval-out",
         metavar="FILE",
         help="at the end, write the test metrics of the data set's task as JSON to FILE "
-        "(loss; accuracy, bits per byte or mean squared error)",
+        "(loss; accuracy, bits per byte or mean squared error; default: none)",
     )
     run.add_argument(
         "--save-model",
         metavar="FILE",
-        help="write the trained model as safetensors + JSON at the end, see docs/models.md",
+        help="write the trained model as safetensors + JSON at the end, see docs/models.md "
+        "(default: none)",
     )
     run.add_argument(
         "--log-dir",
@@ -357,13 +468,14 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         help="training record in DIR: metrics.csv (step, loss, accuracy, bytes, exchanges) "
         "and TensorBoard event files (tensorboard --logdir DIR), a row per status line and "
         "at the end; MLflow too if installed and MLFLOW_TRACKING_URI is set. Needs "
-        "pip install 'gossipnet[logging]'",
+        "pip install 'gossipnet[logging]' (default: none)",
     )
     run.add_argument(
         "--progress",
         choices=("auto", "live", "lines"),
         default="auto",
-        help="live: one rich line on stderr; lines: JSON lines on stdout; auto: live on a TTY",
+        help="live: one rich line on stderr; lines: JSON lines on stdout; auto: live on a TTY "
+        "(default auto)",
     )
     run.add_argument(
         "--log-level",

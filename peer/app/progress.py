@@ -6,7 +6,8 @@ reached their steps, and draws either a live table (rich: step, loss, neighbours
 exchanges, bytes/s, state; an isolated peer in bold red) or a plain line every few seconds.
 The state column tells the truth (:meth:`peer.app.swarm.PeerProcess.state`): ``starting`` until
 a peer answers, ``waiting`` while it waits for the others, ``running``, ``finished`` once
-it reached its steps, ``stopped`` after Ctrl-C, ``failed: REASON``.
+it reached its steps, ``stopped`` after Ctrl-C, ``failed: REASON``. While the live table is
+drawn, log lines go above it, never onto it (:func:`peer.app.logs.above_live`).
 
 With a :class:`~peer.node.logbook.Logbook` (``launch --log-dir``: ``DIR/swarm/``), every poll
 that sees a peer at a new step adds that peer's row (step, loss, bytes, exchanges) to the
@@ -23,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from peer.app.logs import above_live
 from peer.app.status import human_bytes
 from peer.app.swarm import PeerProcess, Swarm, holds, read_text
 from peer.node.logbook import Logbook
@@ -61,7 +63,7 @@ def _finished(peer: PeerProcess, steps: int, holding: bool) -> bool:
 def _neighbours(status: dict[str, Any]) -> int:
     listed = status.get("neighbours", [])
     if listed and isinstance(listed[0], dict):
-        return sum(1 for m in listed if m.get("status") != "evicted")
+        return sum(1 for m in listed if m.get("status") in ("alive", "suspected"))
     return len(listed)
 
 
@@ -128,16 +130,19 @@ async def watch(
 
     timeout = aiohttp.ClientTimeout(total=1.0)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        live = None
-        if mode == "live":
-            from rich.console import Console
-            from rich.live import Live
+        with contextlib.ExitStack() as drawn:
+            live = None
+            if mode == "live":
+                from rich.console import Console
+                from rich.live import Live
 
-            live = Live(live_table(swarm), console=Console(stderr=True), auto_refresh=False)
-            live.start()
-        last_line = time.monotonic()
-        holding = holds(swarm.args)
-        try:
+                console = Console(stderr=True)
+                live = Live(live_table(swarm), console=console, auto_refresh=False)
+                live.start()
+                drawn.callback(live.stop)
+                drawn.enter_context(above_live(console))  # log lines go above the table
+            last_line = time.monotonic()
+            holding = holds(swarm.args)
             while swarm.alive() and not stop.is_set():
                 await poll_all()
                 if all(_finished(p, swarm.args.steps, holding) for p in swarm.peers):
@@ -156,6 +161,3 @@ async def watch(
             await poll_all()
             if live is not None:
                 live.update(live_table(swarm), refresh=True)
-        finally:
-            if live is not None:
-                live.stop()

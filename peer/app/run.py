@@ -8,7 +8,9 @@ this peer's shard of the partition, model, local optimizer, endless batches).
 after ``--resume``) or SIGTERM/SIGINT, report progress (a live rich line on stderr, or
 a JSON status line on stdout per chunk), ``--hold``, stop (final checkpoint), then
 evaluate for ``--eval-out``, write ``--save-model`` (also after a signal) and print a
-final JSON status line. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
+final JSON status line; on the way out, a status line with ``"phase"`` (``stopping``,
+``evaluating``, ``saving``) before each of those steps, so a supervisor knows the peer is
+still finishing. ``--log-dir`` records a row (``metrics.csv`` and TensorBoard,
 :mod:`peer.node.logbook`) per chunk and a last one with the test metrics of the data set's
 task (:mod:`workloads.task`). Before anything starts, one forward pass of one batch checks
 the model against the data (:func:`check_fit`). A join that no ``--join`` address answered within
@@ -30,10 +32,12 @@ from typing import Any
 
 import torch
 
+from peer.app.logs import above_live
 from peer.app.peer_flags import check_optimizer_flags
 from peer.app.status import human_bytes
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.logbook import Logbook
+from peer.node.membership import Status
 from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
 from peer.node.recipe import ModelRecipe
@@ -176,18 +180,30 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
         if progress is not None:
             progress.cancel()
             await asyncio.gather(progress, return_exceptions=True)
+        _phase(peer, rate, "stopping", live)
         await peer.stop()
     final: dict[str, object] = {**_status_line(peer, rate), "stopped": True}
     evaluation = None
     if args.eval_out:
+        _phase(peer, rate, "evaluating", live)
         evaluation = await _write_evaluation(peer, data, args)
         final.update({key: evaluation[key] for key in _scores(evaluation) if key != "test_loss"})
     await _record(logbook, peer, evaluation)
     model_file = getattr(args, "save_model", None)
     if model_file:
+        _phase(peer, rate, "saving", live)
         final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
     print(json.dumps(final), flush=True)
     return 0
+
+
+def _phase(peer: Peer, rate: _Rate, phase: str, live: bool) -> None:
+    """A status line saying what the peer is doing on its way out: ``stopping`` (final
+    checkpoint, connections closed), ``evaluating`` (``--eval-out``), ``saving``
+    (``--save-model``); ``launch`` waits longer for a peer that is still at it
+    (:meth:`peer.app.swarm.Swarm.stop`). Not on a live line: it is for supervisors."""
+    if not live:
+        print(json.dumps({**_status_line(peer, rate), "phase": phase}), flush=True)
 
 
 async def _record(
@@ -309,7 +325,8 @@ class _Rate:
 
 
 async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
-    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s."""
+    """One line on stderr, redrawn twice a second by rich: step, loss, neighbours, bytes/s;
+    log lines go above it, never onto it (:func:`peer.app.logs.above_live`)."""
     from rich.console import Console
     from rich.live import Live
     from rich.text import Text
@@ -325,7 +342,8 @@ async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
             f"neighbours {len(neighbours)}  {human_bytes(rate.read())}/s"
         )
 
-    with Live(line(), console=Console(stderr=True), auto_refresh=False) as live:
+    console = Console(stderr=True)
+    with Live(line(), console=console, auto_refresh=False) as live, above_live(console):
         try:
             while not stop.is_set():
                 live.update(line(), refresh=True)
@@ -335,13 +353,17 @@ async def _live_line(peer: Peer, rate: _Rate, stop: asyncio.Event) -> None:
             live.update(line(), refresh=True)
 
 
+LIVE: tuple[Status, ...] = ("alive", "suspected")
+"""The members a status line counts as neighbours (not evicted, not left)."""
+
+
 def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     """The status line printed per chunk: id, round, step, loss, bytes, live neighbours
     (and bytes/s with a ``rate``)."""
     status = peer.status()
     line = {
         key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
-    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
+    } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] in LIVE]}
     if rate is not None:
         line["bytes_per_s"] = round(rate.read(), 1)
     return line

@@ -4,15 +4,17 @@
 group: ``peer-0`` is the bootstrap and the others ``--join`` it (or, with ``--topology``,
 every rank gets a port in a generated peer file, :func:`free_ports`, and all start at once).
 A fresh 32-byte swarm secret is written to a file readable only by the user and passed with
-``--secret-file``; peer i trains on shard i (``--num-peers N --peer-index i``) and writes its
+``--secret-file``; peer i trains on shard i (``--peers N --peer-index i``) and writes its
 stdout, stderr, address, final evaluation (and, with ``--save-model``, its model) into the
 run directory (with ``launch --log-dir DIR``, its training record in ``DIR/peer-<i>/``)
 (:class:`PeerProcess`; :func:`peer_flags` is the command line each gets,
 which ``launch`` also checks before anything starts). :meth:`Swarm.stop` ends them
 together, never leaving orphans: SIGTERM to the group, a grace period for the final
-checkpoints, then SIGKILL. :meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason`
-say truthfully where a peer is: starting, waiting for peers, running, finished, stopped
-before its steps, or failed, and why.
+checkpoints, evaluations and model files (``launch --grace``; by default longer while a
+peer says it is still finishing), then SIGKILL, each killed peer marked with why.
+:meth:`PeerProcess.state` and :meth:`PeerProcess.exit_reason` say truthfully where a peer
+is: starting, waiting for peers, running, finished, stopped before its steps, or failed,
+and why.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,12 @@ from gossip.settings import SETTING_NAMES
 from peer.app.peer_flags import OPTIMIZER_FLAGS
 
 GRACE_S = 15.0
-"""How long stopped peers get to checkpoint and exit before SIGKILL."""
+"""How long stopped peers get to checkpoint, evaluate, save and exit before SIGKILL; by
+default (``launch`` without ``--grace``) longer for a peer that says it is still finishing
+(a status line with a ``phase``), up to :data:`GRACE_LIMIT_S`."""
+GRACE_LIMIT_S = 600.0
+"""The longest a finishing peer is waited for by default: a peer evaluating a large model
+on busy cores for more than 10 minutes is taken to hang."""
 PASS_THROUGH = (
     "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size",
@@ -62,6 +69,8 @@ class PeerProcess:
     status: dict[str, Any] = field(default_factory=dict)
     rate: float = 0.0
     last_bytes: tuple[float, float] | None = None
+    killed: str | None = None
+    """Why the launcher killed it (:meth:`Swarm.stop`), for :meth:`exit_reason`."""
 
     @property
     def stdout(self) -> Path:
@@ -92,10 +101,13 @@ class PeerProcess:
 
     def exit_reason(self) -> str:
         """Why the process ended, never empty: for a peer that failed, its last stderr line
-        (its one-line error) with the exit code, or the signal that killed it."""
+        (its one-line error) with the exit code, the launcher's reason for killing it
+        (``killed after the grace of 15 s while evaluating``), or the signal that killed it."""
         code = self.process.returncode
         if code is None:
             return "still running"
+        if self.killed is not None and code == -signal.SIGKILL:
+            return self.killed
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -127,6 +139,12 @@ class PeerProcess:
         if self.failed():
             return f"failed: {self.exit_reason()}"
         return "finished" if reached else "stopped"
+
+    def phase(self) -> str | None:
+        """What the peer said it is doing on its way out (its last status line's ``phase``:
+        ``stopping``, ``evaluating``, ``saving``), or None."""
+        phase = self.last_status_line().get("phase")
+        return phase if isinstance(phase, str) else None
 
     def last_status_line(self) -> dict[str, Any]:
         for line in reversed(read_text(self.stdout).splitlines()):
@@ -194,16 +212,22 @@ def peer_flags(
     peer_file: Path | None,
 ) -> list[str]:
     """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
-    (:data:`PASS_THROUGH`), its shard and files in ``directory``, the topology's peer file,
-    ``--byzantine`` for the last K, then ``--peer-args``. ``launch`` parses them with the
+    (:data:`PASS_THROUGH`), its shard and files in ``directory`` (checkpoints too when the
+    run is kept, ``--dir``, so that it can be resumed), the topology's peer file,
+    ``--byzantine`` for the last K, then ``--peer-args``. With ``launch --resume``
+    (``args.resumed``: index -> the step of that peer's newest checkpoint) each peer gets
+    ``--resume`` and the steps left to ``--steps`` in all. ``launch`` parses them with the
     peer's own parser before anything starts."""
     flags: list[str] = []
+    resumed: dict[int, int] | None = getattr(args, "resumed", None)  # launch --resume
     for name in PASS_THROUGH:
         value = getattr(args, name)
+        if name == "steps" and resumed is not None:  # on to --steps in all; 1 if already there
+            value = max(1, args.steps - resumed.get(index, 0))
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
     flags += [
-        "--id", f"peer-{index}", "--num-peers", str(args.peers), "--peer-index", str(index),
+        "--id", f"peer-{index}", "--peers", str(args.peers), "--peer-index", str(index),
         "--progress", "lines",
         "--status-every", str(max(1, args.steps // 10)),
         "--wait-for-peers", str(args.peers - 1),
@@ -213,8 +237,10 @@ def peer_flags(
         flags += ["--secret-file", str(secret_file)]
     if holds(args):
         flags.append("--hold")
-    if args.checkpoint_every:
+    if args.checkpoint_every or getattr(args, "dir", None) is not None:  # a kept run resumes
         flags += ["--checkpoint-dir", str(directory / f"peer-{index}.checkpoints")]
+    if resumed is not None:
+        flags.append("--resume")
     if getattr(args, "save_model", None):
         flags += ["--save-model", str(directory / f"peer-{index}.safetensors")]
     if getattr(args, "log_dir", None):  # launch --log-dir DIR: each peer's record in its folder
@@ -255,6 +281,9 @@ class Swarm:
 
     def spawn(self, index: int, extra: Sequence[str]) -> PeerProcess:
         peer_id = f"peer-{index}"
+        for stale in ("address", "eval.json", "safetensors", "json"):
+            # a run resumed in the same --dir: nothing of the last run may pass for this one's
+            (self.directory / f"{peer_id}.{stale}").unlink(missing_ok=True)
         command = [sys.executable, "-m", "gossipnet", "peer", *self._common(index), *extra]
         (self.directory / f"{peer_id}.command").write_text(shlex.join(command) + "\n")
         with (
@@ -311,14 +340,51 @@ class Swarm:
     def alive(self) -> list[PeerProcess]:
         return [p for p in self.peers if p.process.poll() is None]
 
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        """SIGTERM the group, wait ``grace_s`` for clean exits, then SIGKILL what is left."""
+    def stop(
+        self,
+        grace_s: float | None = None,
+        *,
+        base_s: float = GRACE_S,
+        limit_s: float = GRACE_LIMIT_S,
+        say: Callable[[str], None] | None = None,
+    ) -> list[PeerProcess]:
+        """SIGTERM the group, wait for clean exits, then SIGKILL what is left; returns the
+        peers killed, each with its reason (:attr:`PeerProcess.killed`).
+
+        ``grace_s``: wait exactly this long. ``None`` (the default): ``base_s``, and
+        for as long as a live peer's last status line says it is still finishing (a
+        ``phase``: stopping, evaluating, saving) up to ``limit_s`` in all. ``say`` gets one
+        line the first time the wait is extended."""
         self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.alive() and time.monotonic() < deadline:
+        start = time.monotonic()
+        allowed = base_s if grace_s is None else grace_s
+        extended = False
+        while self.alive():
+            waited = time.monotonic() - start
+            if waited >= base_s and grace_s is None:  # past the base: only while finishing
+                finishing = [p for p in self.alive() if p.phase() is not None]
+                if not finishing:
+                    allowed = base_s if not extended else waited
+                    break
+                if not extended:
+                    extended, allowed = True, limit_s
+                    if say is not None:
+                        names = ", ".join(f"{p.peer_id} ({p.phase()})" for p in finishing)
+                        say(
+                            f"waiting for {names} to finish, up to {limit_s:g} s in all "
+                            "(--grace SECONDS sets a fixed grace)"
+                        )
+            if waited >= allowed:
+                break
             time.sleep(0.05)
-        if self.alive():
+        killed = self.alive()
+        for peer in killed:
+            phase = peer.phase()
+            doing = f"while {phase}" if phase else "before it began to stop"
+            peer.killed = f"killed after the grace of {allowed:.3g} s {doing}"
+        if killed:
             self.signal_all(signal.SIGKILL)
         for peer in self.peers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 peer.process.wait(timeout=5)
+        return killed

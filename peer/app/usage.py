@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, NoReturn
 
 __all__ = [
+    "DeprecatedFlag",
     "OneLineParser",
     "UsageError",
     "add_setting_flags",
@@ -101,6 +102,36 @@ class OneLineParser(argparse.ArgumentParser):
         if self.raise_errors:
             raise UsageError(one_line(message))
         exit_with(self.prog, message)
+
+
+class DeprecatedFlag(argparse.Action):
+    """The old name of a flag, kept working: it stores its value as the new flag does
+    (same ``dest``) and says once per process, on stderr, that it is deprecated and which
+    flag to use (``instead``)."""
+
+    warned: ClassVar[set[str]] = set()
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, instead: str, **kwargs: Any):
+        self.instead = instead
+        kwargs.setdefault("help", f"deprecated: the old name of {instead}, which it still sets")
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        name = option_string or self.option_strings[0]
+        if name not in DeprecatedFlag.warned:
+            DeprecatedFlag.warned.add(name)
+            print(
+                f"{parser.prog}: warning: {name} is deprecated; use {self.instead} (same meaning)",
+                file=sys.stderr,
+                flush=True,
+            )
+        setattr(namespace, self.dest, values)
 
 
 def add_setting_flags(group: Any) -> None:

@@ -248,7 +248,8 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
 
 
 def load_latest(directory: str | os.PathLike[str]) -> Checkpoint | None:
-    """The newest checkpoint that loads and verifies, falling back past corrupt ones.
+    """The newest checkpoint that loads and verifies, falling back past corrupt ones (a
+    warning for each one skipped).
 
     Returns ``None`` if the directory has no checkpoint files. Raises
     :class:`CheckpointError` if it has files but none is valid.
@@ -257,10 +258,13 @@ def load_latest(directory: str | os.PathLike[str]) -> Checkpoint | None:
     errors = []
     for path in reversed(files):
         try:
-            return load_checkpoint(path)
+            checkpoint = load_checkpoint(path)
         except CheckpointError as error:
-            logger.warning("skipping checkpoint: %s", error)
             errors.append(str(error))
+            continue
+        for skipped in errors:  # said only when falling back; else the error says it all
+            logger.warning("skipping checkpoint: %s", skipped)
+        return checkpoint
     if files:
         raise CheckpointError(f"no valid checkpoint in {directory}: " + "; ".join(errors))
     return None

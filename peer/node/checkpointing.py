@@ -81,8 +81,8 @@ class Checkpointing:
             raise RuntimeError("PeerConfig.checkpoint_dir is not set")
         members = [
             {"id": m.id, "address": m.address}
-            for m in ctx.membership.members("alive", "suspected")
-            if m.address is not None
+            for m in ctx.membership.members("alive", "suspected", "left")
+            if m.address is not None  # a member that left may be back when we resume
         ]
         metadata = {MEMBERS_KEY: json.dumps(members)}
         if self.recipe is not None:

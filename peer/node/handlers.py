@@ -7,6 +7,7 @@ payload) and then calls one of these; they answer from the peer's shared parts
 * ``on_exchange`` (``POST /v1/exchange``): the mode's answer, the async callee
   (:mod:`peer.node.pairwise`) or the sync callee (:mod:`peer.node.sync_round`);
 * ``on_join`` (``POST /v1/join``): admit the newcomer, answer with the membership view;
+* ``on_leave`` (``POST /v1/leave``): a member that stops cleanly says goodbye: it has left;
 * ``peers_view`` (``GET /v1/peers``), ``state_envelope`` (``GET /v1/state``: the model,
   uncompressed, for a newcomer to start from);
 * ``status`` (``GET /v1/status``) and ``render_metrics`` (``GET /metrics``).
@@ -17,6 +18,7 @@ Every attribute the server reads is a typed attribute here, the optional limits 
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -32,6 +34,8 @@ from peer.protocol.signatures import RequestVerifier
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_sender
 from peer.transport.admission import ServingShare
+
+logger = logging.getLogger(__name__)
 
 
 class ServerHandlers:
@@ -94,6 +98,18 @@ class ServerHandlers:
             except ValueError as error:
                 raise MalformedBody(str(error)) from None
         self.ctx.membership.observe(peer_id, address)
+        return self.ctx.membership.view()
+
+    def on_leave(self, peer_id: str) -> list[dict[str, Any]]:
+        """Serve ``POST /v1/leave``: a member says goodbye as it stops cleanly; mark it
+        left (not called, not shared, not counted as a failure) and answer with our view.
+        ``invalid_sender`` for an id outside the pattern, ``unknown_peer`` for this peer's
+        own id; an id we do not know changes nothing."""
+        check_sender(peer_id)
+        if peer_id == self.peer_id:
+            raise UnknownPeer(f"id {peer_id!r} is this peer's own id")
+        if self.ctx.membership.mark_left(peer_id):
+            logger.info("peer %s: %s left the swarm (goodbye)", self.peer_id, peer_id)
         return self.ctx.membership.view()
 
     def peers_view(self) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@
 * announcing: joining every member the view named, so each knows us;
 * refreshing: every :data:`VIEW_REFRESH_ROUNDS` rounds (and while waiting for members),
   pulling a random neighbour's view, and with a known peer list (``--topology --peers``)
-  joining the listed peers that are not members yet.
+  joining the listed peers that are not members yet;
+* leaving: a peer that stops cleanly says goodbye to its neighbours (``POST /v1/leave``),
+  which mark it *left*, not failed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 from collections.abc import Iterable, Sequence
 
 from peer.node.context import PeerContext
+from peer.node.membership import Member
 from peer.protocol.codecs import DenseCodec
 from peer.protocol.errors import ProtocolError
 from peer.protocol.threads import in_thread
@@ -37,6 +40,8 @@ JOIN_RETRY_FIRST_S = 0.25
 """The first wait before a join is retried; each later wait doubles, up to
 :data:`JOIN_RETRY_MAX_S`, and is jittered by a factor in [0.5, 1.5)."""
 JOIN_RETRY_MAX_S = 5.0
+GOODBYE_TIMEOUT_S = 2.0
+"""The longest a stopping peer spends saying goodbye to all its neighbours together."""
 
 
 class JoinError(ConnectionError):
@@ -226,6 +231,34 @@ class MembershipProtocol:
             await self.refresh_view()
             await asyncio.sleep(0.1)
         return True
+
+    async def say_goodbye(self) -> int:
+        """Tell every neighbour we can call that we leave (``POST /v1/leave``, all at once,
+        at most :data:`GOODBYE_TIMEOUT_S` in all), so each marks us *left* rather than
+        counting failed calls to us until it evicts us. A neighbour that does not answer in
+        time is not waited for (it will find out as before). Returns how many answered."""
+        ctx = self.ctx
+        client = ctx.client
+        if client is None:
+            return 0
+        neighbours = ctx.membership.neighbours()
+
+        async def goodbye(member: Member) -> bool:
+            assert member.address is not None
+            try:
+                await client.leave(member.address, ctx.peer_id, receiver=member.id)
+            except (PeerUnavailable, RemoteRefused, ProtocolError) as error:
+                logger.info("peer %s: goodbye to %s failed (%s)", ctx.peer_id, member.id, error)
+                return False
+            return True
+
+        try:
+            async with asyncio.timeout(GOODBYE_TIMEOUT_S):
+                said = await asyncio.gather(*(goodbye(m) for m in neighbours))
+        except TimeoutError:
+            logger.info("peer %s: not every neighbour answered its goodbye", ctx.peer_id)
+            return 0
+        return sum(said)
 
     async def _join_listed(self) -> None:
         """With a known peer list (``--topology --peers``), join each listed address that is

@@ -3,9 +3,12 @@
 Each peer keeps a view ``id -> Member``. A member is *alive* while calls to it
 succeed; ``suspect_after`` consecutive failures make it *suspected* (still
 called, its weight folds into ours when it misses a round), ``evict_after``
-make it *evicted* (no longer called, dropped from the views we share). Any
-later sign of life -- a successful call, a request from it, or a fresh entry in
-a view we merge -- re-admits it as alive with a clean failure count.
+make it *evicted* (no longer called, dropped from the views we share). A member
+that said goodbye (``POST /v1/leave``, sent by a peer that stops cleanly) has *left*:
+like an evicted one it is neither called nor shared, but nothing failed. Any
+later sign of life -- a successful call, a request from it, a join -- re-admits it
+as alive with a clean failure count; a view we merge never changes the status of a
+member we know (another peer's view may be older than a goodbye).
 
 Views are exchanged on ``POST /v1/join`` and ``GET /v1/peers`` and merged with
 :meth:`Membership.merge`; a peer never lets a merged view evict or overwrite
@@ -32,8 +35,8 @@ from peer.protocol.wire import check_sender, describe
 
 logger = logging.getLogger(__name__)
 
-Status = Literal["alive", "suspected", "evicted"]
-STATUSES: tuple[Status, ...] = ("alive", "suspected", "evicted")
+Status = Literal["alive", "suspected", "evicted", "left"]
+STATUSES: tuple[Status, ...] = ("alive", "suspected", "evicted", "left")
 _ENTRY_KEYS = frozenset({"id", "address", "status"})
 
 _ADDRESS = re.compile(
@@ -163,6 +166,15 @@ class Membership:
         elif member.failures >= self.suspect_after:
             member.status = "suspected"
         return member.status
+
+    def mark_left(self, peer_id: str) -> bool:
+        """``peer_id`` said goodbye: it has left (not called, not shared, not a failure).
+        False (and nothing changes) for a peer we do not know."""
+        member = self._members.get(peer_id)
+        if member is None:
+            return False
+        member.status, member.failures, member.last_seen = "left", 0, self._clock()
+        return True
 
     def members(self, *statuses: Status) -> list[Member]:
         """Members with one of ``statuses`` (all if none given), sorted by id."""

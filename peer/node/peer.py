@@ -138,6 +138,8 @@ class Peer:
         handlers = self.handlers = ServerHandlers(ctx, self.mode)
         """What the server calls (:mod:`peer.node.handlers`)."""
         self._listening: Listening | None = None
+        self._goodbye_due = False
+        """Joined and not yet said goodbye (:meth:`stop`)."""
         # the shared parts, under the names tests, examples and applications use
         self.config = config
         self.peer_id = config.peer_id
@@ -179,6 +181,7 @@ class Peer:
         # what the server calls, answered by the handlers
         self.on_exchange = handlers.on_exchange
         self.on_join = handlers.on_join
+        self.on_leave = handlers.on_leave
         self.peers_view = handlers.peers_view
         self.state_envelope = handlers.state_envelope
         self.status = handlers.status
@@ -285,12 +288,19 @@ class Peer:
         except BaseException:
             await self.stop()
             raise
+        self._goodbye_due = True
         logger.info("peer %s started at %s", self.peer_id, self.address or "(client-only)")
 
-    async def stop(self) -> None:
-        """Checkpoint (if configured), close connections, stop listening."""
+    async def stop(self, *, goodbye: bool = True) -> None:
+        """Checkpoint (if configured), say goodbye to the neighbours once (``POST /v1/leave``:
+        they mark this peer left, not failed), close connections, stop listening.
+        ``goodbye=False`` leaves without a word, as a crash would (its neighbours suspect
+        and evict it)."""
         if self.checkpoints.due_at_stop:
             await asyncio.to_thread(self.checkpoints.save)
+        if goodbye and self._goodbye_due:
+            await self.joins.say_goodbye()
+        self._goodbye_due = False
         if self.client is not None:
             await self.client.close()
         if self._listening is not None:

@@ -260,6 +260,23 @@ class PeerClient:
         )
         return check_view(data, what=f"join answer of {address}", receiver=to)
 
+    async def leave(
+        self, address: str, peer_id: str, *, receiver: str | None = None
+    ) -> dict[str, Any]:
+        """``POST /v1/leave``: say goodbye (we stop cleanly); returns the callee's view,
+        checked (:func:`check_view`)."""
+        to = await self._receiver(address, receiver)
+        data = await self.request(
+            "POST",
+            address,
+            "/v1/leave",
+            json.dumps({"id": peer_id}).encode(),
+            receiver=to,
+            content_type="application/json",
+            max_body_bytes=MAX_JSON_BYTES,
+        )
+        return check_view(data, what=f"leave answer of {address}", receiver=to)
+
     async def peers(self, address: str, *, receiver: str | None = None) -> dict[str, Any]:
         """``GET /v1/peers``: the neighbour's membership view, checked (:func:`check_view`)."""
         to = await self._receiver(address, receiver)

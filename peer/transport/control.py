@@ -1,4 +1,5 @@
-"""The JSON endpoints (``/v1/join``, ``/v1/peers``, ``/v1/status``, ``/metrics``) and the
+"""The JSON endpoints (``/v1/join``, ``/v1/leave``, ``/v1/peers``, ``/v1/status``,
+``/metrics``) and the
 middleware answering every HTTP error in the JSON error shape.
 
 A signed JSON endpoint checks the header's form and clock first; a body (join) is read
@@ -126,6 +127,12 @@ def json_routes(ctx: ServerContext) -> list[web.RouteDef]:
         view = service.on_join(fields["id"], fields["address"])
         return web.json_response({"v": PROTOCOL_VERSION, "id": service.peer_id, "peers": view})
 
+    async def leave(request: web.Request, body: bytes) -> web.Response:
+        obj = loads(body, what="leave body", max_bytes=MAX_JSON_BYTES)
+        fields = expect_object(obj, what="leave body", required={"id": str})
+        view = service.on_leave(fields["id"])
+        return web.json_response({"v": PROTOCOL_VERSION, "id": service.peer_id, "peers": view})
+
     async def peers(request: web.Request, body: bytes) -> web.Response:
         return web.json_response(
             {"v": PROTOCOL_VERSION, "id": service.peer_id, "peers": service.peers_view()}
@@ -141,6 +148,7 @@ def json_routes(ctx: ServerContext) -> list[web.RouteDef]:
 
     return [
         web.post("/v1/join", protected(ctx, join, takes_body=True)),
+        web.post("/v1/leave", protected(ctx, leave, takes_body=True)),
         web.get("/v1/peers", protected(ctx, peers, takes_body=False), allow_head=False),
         web.get("/v1/status", status),
         web.get("/metrics", metrics),

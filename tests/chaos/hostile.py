@@ -45,8 +45,10 @@ from peer.protocol.wire import Envelope, pack_envelope
 
 from .signing import junk_authorization, sign, stamp_seconds_ago
 
-ENDPOINTS = ("/v1/exchange", "/v1/join", "/v1/peers", "/v1/state", "/v1/status", "/metrics")
-MUTATING = frozenset({("POST", "/v1/exchange"), ("POST", "/v1/join")})
+ENDPOINTS = (
+    "/v1/exchange", "/v1/join", "/v1/leave", "/v1/peers", "/v1/state", "/v1/status", "/metrics",
+)  # fmt: skip
+MUTATING = frozenset({("POST", "/v1/exchange"), ("POST", "/v1/join"), ("POST", "/v1/leave")})
 """Requests that change a peer when accepted: a 2xx to a hostile one is a failure."""
 OTHER_PATHS = (
     "/", "/v1", "/v1/", "/v2/exchange", "/v1/exchange/", "/v1/exchange?round=1", "/v1/%00",

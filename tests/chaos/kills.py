@@ -65,7 +65,7 @@ async def kill_quarter(
         first: PeerProcess | None = None
         for index in range(peers):
             flags = [
-                "--steps", str(steps), "--hold", "--num-peers", str(peers),
+                "--steps", str(steps), "--hold", "--peers", str(peers),
                 "--peer-index", str(index), "--secret-file", str(directory / "secret"),
                 "--checkpoint-dir", str(directory / f"peer-{index}.checkpoints"),
                 "--checkpoint-every", str(checkpoint_every), "--status-every", "50",

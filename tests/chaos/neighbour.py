@@ -337,7 +337,7 @@ async def hostile_neighbour(
     """
     row = Row(attack)
     flags = [
-        "--steps", str(steps), "--hold", "--request-timeout-s", "2", "--num-peers", str(peers),
+        "--steps", str(steps), "--hold", "--request-timeout-s", "2", "--peers", str(peers),
         "--status-every", "25", "--seed", str(seed), "--log-level", "WARNING",
         "--wait-for-peers", str(peers),  # the other real peers and the hostile one
     ]  # fmt: skip

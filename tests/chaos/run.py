@@ -151,7 +151,7 @@ async def _flood(
 ) -> list[Row]:
     directory = ctx.directory(name)
     flags = [
-        "--steps", "0", "--model", FLOOD_MODEL, "--num-peers", "2", "--secret-file",
+        "--steps", "0", "--model", FLOOD_MODEL, "--peers", "2", "--secret-file",
         ctx.secret_file(directory), "--request-timeout-s", "5", "--wait-for-peers", "1",
     ]  # fmt: skip
     with PeerGroup(directory) as group:

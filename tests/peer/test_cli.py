@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "cli-test-swarm-secret-0123456789"
-WORKLOAD = ["--dataset", "synthetic:num_samples=400,seed=0", "--num-peers", "2"]
+WORKLOAD = ["--dataset", "synthetic:num_samples=400,seed=0", "--peers", "2"]
 
 
 def gossipnet(*args: str) -> list[str]:
@@ -74,7 +74,7 @@ def test_two_peer_processes_train_together(tmp_path: Path) -> None:
     finally:
         first.kill()
     assert first.returncode == 0, err
-    assert status_lines(out)[-1]["bytes_in"] > 0  # b exchanged with a (then left: evicted)
+    assert status_lines(out)[-1]["bytes_in"] > 0  # b exchanged with a (then left)
     assert "listening on 127.0.0.1:" in second.stdout
     final = status_lines(second.stdout)[-1]
     assert final["stopped"] is True and final["step"] == 12 and final["neighbours"] == ["a"]
@@ -170,12 +170,13 @@ def test_a_compressor_that_drops_coordinates_without_error_feedback_is_refused(
     assert lines[0].startswith("gossipnet peer: error: --compressor: topk drops most coordinates")
 
 
-@pytest.mark.parametrize("old", ["--compress", "--codec", "--peers"])
+@pytest.mark.parametrize("old", ["--compress", "--codec"])
 def test_the_old_names_of_renamed_flags_are_refused_in_one_line(
     old: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The unreleased 0.1.0's renamed flags are gone, and not taken as abbreviations of
-    their new names (``--compress`` of ``--compressor``, ``--peers`` of ``--peers-file``)."""
+    their new names (``--compress`` of ``--compressor``). Its ``--peers FILE`` is now
+    ``--peers-file``; ``--peers`` is the peer count, as on ``launch``."""
     assert refused(["--id", "a", old, "fp16", *WORKLOAD], capsys, monkeypatch) == [
         f"gossipnet peer: error: unrecognized arguments: {old} fp16"
     ]
@@ -246,8 +247,8 @@ def test_a_bad_setting_is_named_by_its_flag(
             "--aggregator: unknown aggregator 'nosuch'; allowed: mean, median,",
         ),
         (
-            ["--id", "a", "--peer-index", "2", "--num-peers", "2"],
-            "--peer-index: must be in [0, --num-peers=2)",
+            ["--id", "a", "--peer-index", "2", "--peers", "2"],
+            "--peer-index: must be in [0, --peers=2)",
         ),
         (["--id", "a", "--steps", "-1"], "--steps: must be >= 0"),
         (["--id", "a", "--client-only"], "--join: must name at least one peer"),

@@ -197,7 +197,22 @@ def test_membership_suspect_evict_readmit() -> None:
     member = view.observe("x")
     assert member.status == "alive" and member.failures == 0 and member.address == "127.0.0.1:2"
     assert member.last_seen == 5.0
-    assert view.counts() == {"alive": 1, "suspected": 0, "evicted": 0}
+    assert view.counts() == {"alive": 1, "suspected": 0, "evicted": 0, "left": 0}
+
+
+def test_a_member_that_left_is_neither_called_nor_shared_until_it_returns() -> None:
+    view = Membership("me", "127.0.0.1:1", suspect_after=1, evict_after=2)
+    view.observe("x", "127.0.0.1:2")
+    view.record_failure("x")
+    assert view.mark_left("x") and not view.mark_left("stranger")
+    member = view.get("x")
+    assert member is not None and (member.status, member.failures) == ("left", 0)
+    assert view.neighbours() == [] and [m["id"] for m in view.view()] == ["me"]
+    view.merge([{"id": "x", "address": "127.0.0.1:2", "status": "alive"}])  # an older view
+    assert member.status == "left"
+    assert view.counts() == {"alive": 0, "suspected": 0, "evicted": 0, "left": 1}
+    view.observe("x")  # it joins again
+    assert member.status == "alive"
 
 
 def test_membership_merge_adds_only_new_and_never_itself() -> None:

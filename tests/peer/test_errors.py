@@ -233,7 +233,8 @@ def test_the_old_name_of_the_peer_file_is_refused(tmp_path: Path, refused: Refus
     peers = tmp_path / "peers.txt"
     peers.write_text("127.0.0.1:7001\n127.0.0.1:7002\n")
     line = refused("peer", "--id", "a", "--topology", "ring", "--peers", str(peers))
-    assert line == f"gossipnet peer: error: unrecognized arguments: --peers {peers}"
+    # --peers is the peer count now (as on launch); the file is --peers-file
+    assert line == f"gossipnet peer: error: --peers: invalid int value: '{peers}'"
 
 
 @pytest.mark.parametrize(

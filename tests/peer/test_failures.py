@@ -14,7 +14,7 @@ import pytest
 from .processes import start_peer, status, wait_until
 
 SECRET = "failure-test-swarm-secret-0123456789"
-WORKLOAD = ["--dataset", "synthetic:num_samples=600,seed=0", "--num-peers", "3",
+WORKLOAD = ["--dataset", "synthetic:num_samples=600,seed=0", "--peers", "3",
             "--request-timeout-s", "2", "--status-every", "10"]  # fmt: skip
 pytestmark = pytest.mark.slow
 

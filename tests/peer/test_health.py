@@ -148,6 +148,7 @@ async def test_a_peer_whose_only_neighbour_stops_becomes_isolated_then_recovers(
         async with started_peer("b", seed=1, join=(a.address,), fetch_state=False) as b:
             assert await b.gossip() == 1  # a averages as the callee: counted in its open round
             assert await a.gossip() == 1
+            await b.stop(goodbye=False)  # b dies without a word (a clean stop says goodbye)
         assert a.status()["exchanges"] == {"ok": 2, "failed": 0}  # b's call and its own
         for round_ in range(1, WINDOW):
             assert await a.gossip() == 0
@@ -199,6 +200,7 @@ async def test_a_sync_peer_counts_missing_round_models_as_failed() -> None:
             assert await asyncio.gather(a.gossip(), b.gossip()) == [1, 1]
             assert a.status()["exchanges"] == {"ok": 1, "failed": 0}
             assert b.status()["exchanges"] == {"ok": 1, "failed": 0}
+            await b.stop(goodbye=False)  # b dies without a word (a clean stop says goodbye)
         for _ in range(WINDOW):  # b expected while suspected (3 evicts it), never arrives
             assert await a.gossip() == 0
         status = a.status()

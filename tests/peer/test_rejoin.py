@@ -20,7 +20,7 @@ from peer.node import checkpoint
 from .processes import ROOT, start_peer, status, wait_until
 
 SECRET = "rejoin-test-swarm-secret-0123456789"
-WORKLOAD = ["--dataset", "synthetic:num_samples=600,seed=0", "--num-peers", "3",
+WORKLOAD = ["--dataset", "synthetic:num_samples=600,seed=0", "--peers", "3",
             "--request-timeout-s", "2", "--status-every", "10", "--progress", "lines"]  # fmt: skip
 pytestmark = pytest.mark.slow
 

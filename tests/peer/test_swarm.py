@@ -101,7 +101,7 @@ async def test_sync_round_masks_a_dead_neighbour_and_suspects_it(dead_index: int
     async with AsyncExitStack() as stack:
         peers = await swarm(stack, 3, mode="sync", round_deadline_s=1.0, request_timeout_s=1.0)
         dead = peers.pop(dead_index)
-        await dead.stop()
+        await dead.stop(goodbye=False)  # dies without a word: a clean stop says goodbye
         before = [p.flat.vector.clone() for p in peers]
         done = await asyncio.gather(*(p.gossip() for p in peers))
         assert done == [1, 1]
@@ -117,6 +117,7 @@ async def test_failing_neighbour_is_suspected_evicted_then_readmitted() -> None:
         async with started_peer("b", seed=1, join=(a.address,)) as b:
             b_address = b.address
             assert a.membership.get("b").status == "alive"
+            await b.stop(goodbye=False)  # b dies without a word (a clean stop says goodbye)
         assert await a.gossip() == 0
         assert a.membership.get("b").status == "suspected"
         assert await a.gossip() == 0

@@ -71,7 +71,7 @@ def test_own_model_and_npz_two_peers_in_the_wrong_order_save_and_load(tmp_path: 
     model_file.write_text(MODEL_FILE)
     _blobs(data_file)
     port = _free_port()
-    common = ["--model", f"{model_file}:Net", "--dataset", str(data_file), "--num-peers", "2",
+    common = ["--model", f"{model_file}:Net", "--dataset", str(data_file), "--peers", "2",
               "--steps", "60", "--status-every", "20", "--lr", "0.1", "--wait-for-peers", "1"]  # fmt: skip
     # b starts first and joins a, which is not up yet: b retries until a listens
     second = _peer("--id", "b", "--peer-index", "1", "--join", f"127.0.0.1:{port}",

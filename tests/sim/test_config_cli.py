@@ -95,6 +95,12 @@ def test_a_full_file_loads_builds_and_runs_reproducibly(tmp_path: Path) -> None:
         ),
         ({"network": {"crashes": [{"peer": 1}]}}, r"network.crashes\[0\]: needs keys peer, at"),
         ({"network": {"stragglers": {"40": 2.0}}}, "network.stragglers: peer 40 is outside"),
+        ({"network": {"stragglers": {"0-40": 2.0}}}, "network.stragglers: peer 16 is outside"),
+        ({"network": {"stragglers": {"1-x": 2.0}}}, "network.stragglers: keys must be peer"),
+        (
+            {"network": {"stragglers": {"0-3": 2.0, "3": 4.0}}},
+            "network.stragglers: peer 3 is given twice",
+        ),
         ({"byzantine": {"count": 16}}, "byzantine.count: must be < workload.peers = 16"),
         (
             {"byzantine": {"count": 1}, "algorithm": {"name": "allreduce"}},
@@ -116,6 +122,11 @@ def test_a_full_file_loads_builds_and_runs_reproducibly(tmp_path: Path) -> None:
 def test_bad_fields_are_named_with_the_allowed_values(data: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         experiment_from_dict(data)
+
+
+def test_stragglers_take_ranges_of_peers_as_groups_do() -> None:
+    config = experiment_from_dict({"network": {"stragglers": {"0-2": 4.0, "5, 7": 2.0}}})
+    assert config.network.stragglers == {0: 4.0, 1: 4.0, 2: 4.0, 5: 2.0, 7: 2.0}
 
 
 def test_bad_specs_fail_naming_the_field() -> None:

@@ -574,6 +574,24 @@ def test_sweep_cli_bad_input_is_one_line_and_exit_code_2(
         assert len(err.strip().splitlines()) == 1, err
 
 
+def test_compare_errors_name_compares_own_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sim compare`` has no ``--grid`` and no ``--skip-invalid``: its errors name
+    ``--over`` or ``--algorithms``, and never suggest a flag it lacks."""
+    path = write(tmp_path)
+    for flags, message in (
+        (["--over", "aggregator=krum:f=3"], "--over: run aggregator=krum:f=3 is invalid"),
+        (["--over", "aggregatr=mean"], "--over: unknown field 'aggregatr'"),
+        (["--algorithms", "dpsgd,nope"], "--algorithms: unknown nope"),
+    ):
+        assert exit_code(["sim", "compare", str(path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert "--grid" not in err and "--skip-invalid" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_compare_over_an_aggregator_writes_csv_with_progress_lines(tmp_path: Path) -> None:
