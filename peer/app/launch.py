@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.app.peer_flags import add_optimizer_flags, check_optimizer_flags
+from peer.app.peer_flags import add_optimizer_flags, add_privacy_flags, check_optimizer_flags
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results
 from peer.app.swarm import GRACE_S, Swarm, peer_flags
@@ -135,6 +135,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     add_optimizer_flags(work)
     work.add_argument("--seed", type=int, default=0)
     work.add_argument("--steps", type=int, default=500, help="optimizer steps per peer")
+    add_privacy_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument(
         "--dir", help="keep the run's files here (logs, results, checkpoints); default: temporary"

@@ -6,6 +6,7 @@ flags come from :data:`gossip.settings.SETTINGS`), and which config fields the f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from dataclasses import fields
 
 from peer.app.usage import (
@@ -14,9 +15,20 @@ from peer.app.usage import (
 )
 from peer.node.config import ALGORITHMS, MODES, PeerConfig
 from peer.node.topology import topology_names
+from workloads.accountant import OPACUS_MISSING
 from workloads.optimizers import LOCAL_OPTIMIZERS, SGD_MOMENTUM, check_local_optimizer
+from workloads.privacy import ACCOUNTANTS, DEFAULT_DELTA, PRIVACY_FIELDS, SAMPLINGS, PrivacyConfig
 
-__all__ = ["CONFIG_FIELDS", "DEFAULT_DATASET", "NETWORK_FIELDS", "USER_CODE", "peer_parser"]
+__all__ = [
+    "CONFIG_FIELDS",
+    "DEFAULT_DATASET",
+    "NETWORK_FIELDS",
+    "PRIVACY_FLAGS",
+    "USER_CODE",
+    "add_privacy_flags",
+    "peer_parser",
+    "privacy_config",
+]
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
 USER_CODE = "or your own MODULE:FACTORY (mymodel.py:MyNet, mypkg.models:make_net)"
@@ -54,6 +66,77 @@ def check_optimizer_flags(args: argparse.Namespace) -> None:
     except ValueError as error:
         field, _, reason = str(error).partition(": ")
         raise ValueError(f"--{field.replace('_', '-')}: {reason}") from None
+
+
+PRIVACY_FLAGS = tuple(f"dp_{name}" for name in PRIVACY_FIELDS)
+"""The DP-SGD flags' destinations (``--dp-noise`` -> ``dp_noise``), one per
+:data:`workloads.privacy.PRIVACY_FIELDS`, the same on ``peer`` and ``launch``."""
+
+
+def add_privacy_flags(parser: argparse.ArgumentParser) -> None:
+    """The DP-SGD flags (docs/privacy.md), in a group of their own."""
+    group = parser.add_argument_group(
+        "privacy (DP-SGD per peer, docs/privacy.md; needs pip install 'gossipnet[privacy]')"
+    )
+    group.add_argument(
+        "--dp-noise",
+        type=float,
+        metavar="SIGMA",
+        help="noise multiplier: Gaussian noise of SIGMA * --dp-clip on the summed clipped "
+        "per-sample gradients (or give --dp-epsilon to pick it)",
+    )
+    group.add_argument(
+        "--dp-clip", type=float, metavar="C", help="per-sample gradient L2 norm bound (required)"
+    )
+    group.add_argument(
+        "--dp-epsilon",
+        type=float,
+        metavar="EPS",
+        help="target epsilon: training stops before a step would pass it; without --dp-noise "
+        "it also picks the noise for --steps steps",
+    )
+    group.add_argument(
+        "--dp-delta", type=float, metavar="DELTA", help=f"delta (default {DEFAULT_DELTA:g})"
+    )
+    group.add_argument(
+        "--dp-sampling",
+        choices=SAMPLINGS,
+        help="poisson (default: what the accountant assumes) or fixed (--batch-size exactly)",
+    )
+    group.add_argument(
+        "--dp-accountant", choices=ACCOUNTANTS, help="Opacus' rdp (default) or prv accountant"
+    )
+
+
+def privacy_config(args: argparse.Namespace) -> PrivacyConfig | None:
+    """The DP-SGD settings the ``--dp-*`` flags give (None without ``--dp-noise``,
+    ``--dp-clip`` or ``--dp-epsilon``); a ``ValueError`` whose message starts with the flag
+    at fault."""
+    given = {
+        name: getattr(args, f"dp_{name}")
+        for name in PRIVACY_FIELDS
+        if getattr(args, f"dp_{name}", None) is not None
+    }
+    if not given:
+        return None
+    if not {"noise", "clip", "epsilon"} & set(given):
+        first = next(iter(given))
+        raise ValueError(
+            f"--dp-{first}: applies to DP-SGD only; allowed with --dp-clip and --dp-noise "
+            "or --dp-epsilon"
+        )
+    try:
+        config = PrivacyConfig(**given)
+    except ValueError as error:
+        raise ValueError(f"--dp-{error}") from None
+    if config.noise is None and not getattr(args, "steps", 0):
+        raise ValueError(
+            "--dp-epsilon: without --dp-noise it picks the noise for the run's steps; "
+            "allowed: with --steps N (N >= 1), or with --dp-noise SIGMA"
+        )
+    if importlib.util.find_spec("opacus") is None:
+        raise ValueError(f"--dp-{next(iter(given))}: {OPACUS_MISSING}")
+    return config
 
 
 def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
@@ -186,6 +269,7 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     )
     work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
     add_optimizer_flags(work)
+    add_privacy_flags(parser)
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=0, help="optimizer steps, 0 = until a signal")
     run.add_argument("--status-every", type=int, default=50, help="steps between status lines")

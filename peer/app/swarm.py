@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.settings import SETTING_NAMES
+from peer.app.peer_flags import PRIVACY_FLAGS
 
 GRACE_S = 15.0
 """How long stopped peers get to checkpoint and exit before SIGKILL."""
@@ -42,7 +43,7 @@ PASS_THROUGH = (
     "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "optimizer",
     "lr", "momentum", "weight_decay", "seed", "steps", "device", "max_serving_share",
-    "checkpoint_every", "log_level",
+    "checkpoint_every", "log_level", *PRIVACY_FLAGS,
 )  # fmt: skip
 """Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``); every
 algorithm setting (``gossip.settings.SETTING_NAMES``) among them."""
