@@ -356,7 +356,7 @@ class Peer:
         per_round = self.algorithm.plan.phases().count("gradient")
         try:
             while self.step < target:
-                if self.privacy is not None and self.privacy.exhausted(per_round):
+                if self.privacy is not None and self.privacy.exhausted(per_round, self.step):
                     break  # the privacy budget is spent (a warning said so)
                 await self._run_round(hooks)
         finally:

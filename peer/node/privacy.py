@@ -91,15 +91,18 @@ class PrivateTraining:
             step=step,
         )
         out.copy_(gradient)
+        self.ledger.steps = max(self.ledger.steps, step)  # a resumed peer's earlier steps
         self.ledger.record_step()
         return loss
 
-    def exhausted(self, steps: int) -> bool:
-        """Whether ``steps`` more steps would take ε past the target; the first time it is,
-        training stops: one warning line naming ε and the budget."""
+    def exhausted(self, steps: int, taken: int = 0) -> bool:
+        """Whether ``steps`` more steps would take ε past the target, after ``taken`` steps
+        (the trainer's count: a resumed peer's earlier steps count too); the first time it
+        is, training stops: one warning line naming ε and the budget."""
         if self.stopped:
             return True
         ledger = self.ledger
+        ledger.steps = max(ledger.steps, taken)
         if ledger.target is None or ledger.steps + steps <= ledger.budget_steps():
             return False
         self.stopped = True
