@@ -182,14 +182,25 @@ class PrivacyLedger:
 
     def budget_steps(self, limit: int = _STEP_CAP) -> int:
         """The most steps (at most ``limit``) whose ε stays within the target (``limit``
-        without a target): found by bisection, since ε grows with the steps."""
+        without a target). ε grows with the steps: an exponential search from the steps
+        taken, then bisection, so ε is only evaluated up to about twice the budget (Opacus'
+        PRV accountant slows down with the steps; the RDP ledger does not)."""
         if self.target is None:
             return limit
         if self._budget is not None and self._budget < limit:
             return self._budget
-        if self.epsilon_at(limit) <= self.target:
-            return limit
-        low, high = 0, limit  # ε(low) <= target < ε(high)
+        low, high = 0, limit + 1  # ε(low) <= target < ε(high), ε(limit + 1) taken as too much
+        probe = max(self.steps, 1)
+        while probe <= limit:
+            if self.epsilon_at(probe) <= self.target:
+                low, probe = probe, probe * 2
+            else:
+                high = probe
+                break
+        else:
+            if self.epsilon_at(limit) <= self.target:
+                return limit
+            high = limit
         while high - low > 1:
             middle = (low + high) // 2
             if self.epsilon_at(middle) <= self.target:

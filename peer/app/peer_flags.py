@@ -134,6 +134,11 @@ def privacy_config(args: argparse.Namespace) -> PrivacyConfig | None:
             "--dp-epsilon: without --dp-noise it picks the noise for the run's steps; "
             "allowed: with --steps N (N >= 1), or with --dp-noise SIGMA"
         )
+    if config.accountant == "prv" and not getattr(args, "steps", 0):
+        raise ValueError(
+            "--dp-accountant: prv needs the run's --steps N (its cost grows with the steps); "
+            "allowed: rdp, or prv with --steps N"
+        )
     if importlib.util.find_spec("opacus") is None:
         raise ValueError(f"--dp-{next(iter(given))}: {OPACUS_MISSING}")
     return config

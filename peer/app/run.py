@@ -108,6 +108,7 @@ def _privacy(args: argparse.Namespace, sizes: list[int]) -> PrivateTraining | No
         batch_size=args.batch_size,
         seed=args.seed,
         peer=args.peer_index,
+        max_steps=args.steps or None,
     )
 
 

@@ -26,6 +26,9 @@ __all__ = ["PrivateTraining", "privacy_status"]
 
 log = logging.getLogger(__name__)
 
+_UNBOUNDED = 1 << 31
+"""The furthest a budget is searched for a run without ``--steps``."""
+
 
 class PrivateTraining:
     """One peer's DP-SGD: the mechanism's settings, its noise key and its account.
@@ -38,6 +41,8 @@ class PrivateTraining:
         seed: the noise's seed (the run's ``--seed``: same seed, same noise).
         peer: this peer's shard index (``--peer-index``), the noise's row.
         steps: steps already taken (a resumed peer's account starts there).
+        max_steps: the run's steps (``--steps``; None: until stopped), the furthest the
+            budget is searched (Opacus' PRV accountant slows down with the steps).
     """
 
     def __init__(
@@ -50,6 +55,7 @@ class PrivateTraining:
         seed: int,
         peer: int,
         steps: int = 0,
+        max_steps: int | None = None,
     ) -> None:
         self.config = config
         self.noise_multiplier = noise_multiplier
@@ -64,6 +70,7 @@ class PrivateTraining:
             kind=config.accountant,
             steps=steps,
         )
+        self.max_steps = max_steps
         self.stopped = False
         """Training stopped because one more round would pass the target ε."""
 
@@ -103,7 +110,9 @@ class PrivateTraining:
             return True
         ledger = self.ledger
         ledger.steps = max(ledger.steps, taken)
-        if ledger.target is None or ledger.steps + steps <= ledger.budget_steps():
+        wanted = ledger.steps + steps
+        limit = max(_UNBOUNDED if self.max_steps is None else self.max_steps, wanted)
+        if ledger.target is None or wanted <= ledger.budget_steps(limit):
             return False
         self.stopped = True
         log.warning(

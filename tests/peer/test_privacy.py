@@ -117,6 +117,7 @@ async def test_a_peer_stops_training_at_its_budget_loudly(caplog: pytest.LogCapt
         (["--dp-delta", "1e-6"], "--dp-delta: applies to DP-SGD only"),
         (["--dp-epsilon", "2", "--dp-clip", "1"], "--dp-epsilon: without --dp-noise it picks"),
         (["--dp-noise", "1", "--dp-clip", "1", "--dp-sampling", "x"], "--dp-sampling: invalid"),
+        (["--dp-noise", "1", "--dp-clip", "1", "--dp-accountant", "prv"], "prv needs the run's"),
     ],
 )
 def test_bad_dp_flags_exit_2_with_one_line(
@@ -125,7 +126,7 @@ def test_bad_dp_flags_exit_2_with_one_line(
     from gossipnet.cli import main
 
     commands = [["peer", "--id", "a"], ["launch", "--peers", "2"]]
-    if "--dp-epsilon" in flags:  # launch's --steps default (500) is the run's step count
+    if "--dp-epsilon" in flags or "prv" in flags:  # launch's --steps default 500 is given
         commands = commands[:1]
     for command in commands:
         with pytest.raises(SystemExit) as info:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from opacus.accountants import RDPAccountant
+from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
@@ -150,3 +150,11 @@ def test_the_accountant_is_opacus_rdp_and_composes_what_it_is_given() -> None:
         target_epsilon=3.0, target_delta=1e-5, sample_rate=0.02, steps=500, accountant="rdp"
     )
     assert list(itertools.islice(iter(accountant.history), 1)) == [(1.1, 0.02, 30)]
+
+
+def test_the_prv_ledger_is_opacus_prv_and_searches_no_further_than_the_run() -> None:
+    ledger = PrivacyLedger(1.0, 0.064, 1e-5, target=2.0, kind="prv")
+    reference = PRVAccountant()
+    reference.history = [(1.0, 0.064, 5)]
+    assert ledger.epsilon_at(5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+    assert PrivacyLedger(1.0, 0.064, 1e-5, target=2.0, kind="prv").budget_steps(3) == 3
