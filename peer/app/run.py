@@ -226,14 +226,21 @@ async def _record(
 ) -> None:
     """One ``--log-dir`` row from the peer's status, written off the event loop; with an
     ``evaluation`` (``--eval-out``) also the test accuracy (blank for a model without one,
-    ``None``) and the test loss (TensorBoard's ``test_loss``)."""
+    ``None``) and the test loss (TensorBoard's ``test_loss``); with DP-SGD also ε (TensorBoard's
+    ``epsilon``)."""
     if logbook is None:
         return
     status = peer.status()
+    # DP-SGD's epsilon so far: TensorBoard and MLflow (docs/privacy.md)
+    spent = {} if status["privacy"] is None else {"epsilon": status["privacy"]["epsilon"]}
     if evaluation is None:
-        await asyncio.to_thread(logbook.record_status, status)
+        await asyncio.to_thread(lambda: logbook.record_status(status, **spent))
         return
-    scores = {"accuracy": evaluation["test_accuracy"], "test_loss": evaluation["test_loss"]}
+    scores = {
+        "accuracy": evaluation["test_accuracy"],
+        "test_loss": evaluation["test_loss"],
+        **spent,
+    }
     if "test_bits_per_byte" in evaluation:  # a language model's: TensorBoard and MLflow
         scores["test_bits_per_byte"] = evaluation["test_bits_per_byte"]
     await asyncio.to_thread(lambda: logbook.record_status(status, **scores))

@@ -103,6 +103,10 @@ async def test_a_peer_stops_training_at_its_budget_loudly(caplog: pytest.LogCapt
     warned = [r.getMessage() for r in caplog.records if "privacy budget" in r.getMessage()]
     assert len(warned) == 1 and "stopped training at step 3" in warned[0]
     assert f"budget {budget:g}" in warned[0]
+    from peer.app.status import render
+
+    shown = next(line for line in render(peer.status()).splitlines() if "privacy" in line)
+    assert f"epsilon {status['epsilon']:.4g} at delta 1e-05" in shown and "STOPPED" in shown
     metrics = peer.render_metrics().decode()
     line = next(x for x in metrics.splitlines() if x.startswith("gossipnet_privacy_epsilon "))
     assert float(line.split()[1]) == pytest.approx(status["epsilon"])
