@@ -343,7 +343,7 @@ class BatchedPeers:
         losses = self._batchable_guard(
             self.privacy.gradients,
             self.template,
-            self.layout.names,
+            [e.name for e in self.layout.entries if e.kind == "parameter"],
             self.layout.unflatten(flat),
             self.buffers,
             self.loss,

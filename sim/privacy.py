@@ -111,9 +111,10 @@ class SimPrivacy:
         index = index.to(x_train.device)
         return x_train[index], y_train[index]
 
-    def steps_left(self) -> int:
-        """Steps every peer may still take within the target ε (the run's remaining steps
-        when there is no target)."""
+    def steps_left(self) -> int | float:
+        """Steps every peer may still take within the target ε (infinity without one)."""
+        if self.ledger.target is None:
+            return math.inf
         budget = self.ledger.budget_steps(max(self.total_steps, self.ledger.steps + 1))
         return budget - self.ledger.steps
 
@@ -128,12 +129,14 @@ class SimPrivacy:
         y: Tensor,
         out: Tensor,
     ) -> Tensor:
-        """Every peer's DP-SGD gradient into ``out [n, d]`` (the parameters in ``names``'
-        order); returns each peer's mean loss over its batch ``[n]`` (NaN for an empty one).
+        """Every peer's DP-SGD gradient into ``out [n, d]``: the trainable parameters
+        ``names`` first (as :func:`workloads.privacy.private_gradient` orders them), zero for
+        the rest of the row (frozen parameters); returns each peer's mean loss over its batch
+        ``[n]`` (NaN for an empty one).
 
-        ``views`` are the peers' parameters ``{name: [n, ...]}`` of the batch :meth:`batch`
-        drew last; peers go a block at a time, each block one ``vmap`` over peers of the
-        per-sample ``vmap``."""
+        ``views`` are the peers' parameters ``{name: [n, ...]}``, all of them; the batch is
+        the one :meth:`batch` drew last. Peers go a block at a time, each block one ``vmap``
+        over peers of the per-sample ``vmap``."""
         n, width = x.shape[0], x.shape[1]
         valid = (
             torch.ones(n, width, dtype=torch.bool, device=x.device)
@@ -142,11 +145,14 @@ class SimPrivacy:
         )
         clip = float(self.config.clip)  # type: ignore[arg-type]
 
+        trained = set(names)
+
         def one_peer(
             params: Mapping[str, Tensor], xs: Tensor, ys: Tensor, keep: Tensor
         ) -> tuple[Tensor, Tensor]:
             ordered = {name: params[name] for name in names}
-            per_sample, losses = per_sample_gradients(template, ordered, buffers, loss, xs, ys)
+            fixed = {**buffers, **{n: v for n, v in params.items() if n not in trained}}
+            per_sample, losses = per_sample_gradients(template, ordered, fixed, loss, xs, ys)
             kept = keep.to(losses.dtype)
             mean = (losses * kept).sum() / kept.sum()
             return clipped_sum(per_sample, clip, keep), mean
@@ -154,24 +160,27 @@ class SimPrivacy:
         batched = vmap(one_peer, in_dims=(0, 0, 0, 0), randomness="different")
         per_peer_bytes = max(width, 1) * out.shape[1] * out.element_size() * 3
         block = max(1, _BLOCK_BYTES // per_peer_bytes)
+        dim = sum(views[name][0].numel() for name in names)
+        trainable = out[:, :dim]
         losses = torch.empty(n, dtype=out.dtype, device=out.device)
         for start in range(0, n, block):
             rows = slice(start, start + block)
             params = {name: view[rows] for name, view in views.items()}
             summed, loss_rows = batched(params, x[rows], y[rows], valid[rows])
-            out[rows] = summed
+            trainable[rows] = summed
             losses[rows] = loss_rows.detach()
         peers = torch.arange(n, dtype=torch.int64, device=out.device)
-        noise = gaussian_noise(self.seed, peers, self.step, out.shape[1], dtype=out.dtype)
-        out.copy_(
+        noise = gaussian_noise(self.seed, peers, self.step, dim, dtype=out.dtype)
+        trainable.copy_(
             privatize(
-                out,
+                trainable,
                 noise,
                 noise_multiplier=self.noise_multiplier,
                 clip=clip,
                 batch_size=self.batch_size,
             )
         )
+        out[:, dim:] = 0.0
         return losses
 
     def epsilon(self) -> float:

@@ -233,7 +233,6 @@ def poisson_batches(
     indices: Tensor,
     batch_size: int,
     *,
-    num_examples: Sequence[int] | None = None,
     seed: int = 0,
     peer: int = 0,
     start_step: int = 0,

@@ -77,7 +77,8 @@ def experiment(tmp_path: Path, **privacy: object) -> dict[str, object]:
 def test_records_carry_opacus_epsilon_and_the_budget_stops_the_run(tmp_path: Path) -> None:
     config = experiment_from_dict(experiment(tmp_path, noise=1.2, clip=1.0))
     algorithm, ctx, evaluation = build(config)
-    records = run(algorithm, ctx, evaluation, rounds=config.rounds, eval_every=4)
+    # more rounds than the file's (which sized nothing here: sigma is given, no budget)
+    records = run(algorithm, ctx, evaluation, rounds=config.rounds + 2, eval_every=4)
     q = 8 / 80  # 400 samples, 80 % for training, 4 equal shards
     assert ctx.privacy is not None and ctx.privacy.sample_rate == pytest.approx(q)
     for record in records:
@@ -87,7 +88,7 @@ def test_records_carry_opacus_epsilon_and_the_budget_stops_the_run(tmp_path: Pat
         expected = reference.get_epsilon(1e-5) if record.steps else 0.0
         assert record.epsilon == pytest.approx(expected, rel=1e-9)
         assert record.privacy_stopped_at is None
-    assert [r.round for r in records] == [0, 4, 8]
+    assert [r.round for r in records] == [0, 4, 8, 10]
     assert "epsilon" in columns(records)
     assert Record.from_dict(records[-1].as_dict()) == records[-1]
     # a budget: the run ends before the round that would pass it, loudly, and says so
