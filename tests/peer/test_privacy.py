@@ -146,22 +146,27 @@ def test_bad_dp_flags_exit_2_with_one_line(
 
 
 @pytest.mark.slow
-def test_launch_with_dp_shows_each_peers_opacus_epsilon(tmp_path: Path) -> None:
-    steps = 6
+def test_launch_with_dp_shows_each_peers_opacus_epsilon_and_stops_at_the_budget(
+    tmp_path: Path,
+) -> None:
+    q = 8 / 80  # 160 training samples in two shards, batch 8
+    budget = opacus_epsilon(1.1, q, 4) + 1e-6  # 4 of the 8 steps fit
     result = subprocess.run(
-        [sys.executable, "-m", "gossipnet", "launch", "--peers", "2", "--steps", str(steps),
+        [sys.executable, "-m", "gossipnet", "launch", "--peers", "2", "--steps", "8",
          "--dataset", "synthetic:num_samples=200,seed=0", "--batch-size", "8",
          "--algorithm", "dpsgd", "--topology", "ring", "--dp-noise", "1.1", "--dp-clip", "1.0",
-         "--progress", "none", "--dir", str(tmp_path), "--json"],
+         "--dp-epsilon", repr(budget), "--progress", "none", "--dir", str(tmp_path), "--json"],
         capture_output=True, text=True, cwd=ROOT, timeout=110,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(result.stdout.splitlines()[-1])
     header = next(line for line in result.stdout.splitlines() if "vs centralized" in line)
     assert "epsilon" in header
-    q = 8 / 80  # 160 training samples in two shards
     for peer in results["peers"]:
-        assert peer["step"] == steps and peer["privacy_stopped"] is False
-        assert peer["epsilon"] == pytest.approx(opacus_epsilon(1.1, q, steps), rel=1e-9)
+        assert peer["step"] == 4 and peer["privacy_stopped"] is True
+        assert peer["epsilon"] == pytest.approx(opacus_epsilon(1.1, q, 4), rel=1e-9)
     row = next(line for line in result.stdout.splitlines() if "peer-0" in line)
-    assert f"{results['peers'][0]['epsilon']:.3g}" in row
+    assert f"{results['peers'][0]['epsilon']:.3g} (budget)" in row
+    for index in (0, 1):
+        log = (tmp_path / f"peer-{index}.err").read_text()
+        assert "privacy budget: stopped training at step 4" in log
