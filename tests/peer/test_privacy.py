@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from opacus.accountants import RDPAccountant
 
 from peer.node.config import PeerConfig
 from peer.node.peer import Peer
@@ -32,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def opacus_epsilon(sigma: float, q: float, steps: int, delta: float = 1e-5) -> float:
+    """Opacus' own RDP accountant (imported here: collecting the suite need not load it)."""
+    from opacus.accountants import RDPAccountant
+
     accountant = RDPAccountant()
     accountant.history = [(sigma, q, steps)]
     return float(accountant.get_epsilon(delta))

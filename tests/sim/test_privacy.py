@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from opacus.accountants import RDPAccountant
 from torch import nn
 
 from sim.batched import BatchedPeers
@@ -75,6 +74,8 @@ def experiment(tmp_path: Path, **privacy: object) -> dict[str, object]:
 
 
 def test_records_carry_opacus_epsilon_and_the_budget_stops_the_run(tmp_path: Path) -> None:
+    from opacus.accountants import RDPAccountant
+
     config = experiment_from_dict(experiment(tmp_path, noise=1.2, clip=1.0))
     algorithm, ctx, evaluation = build(config)
     # more rounds than the file's (which sized nothing here: sigma is given, no budget)
