@@ -374,7 +374,7 @@ def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] != "evicted"]}
     if rate is not None:
         line["bytes_per_s"] = round(rate.read(), 1)
-    if "privacy" in status:
+    if status["privacy"] is not None:  # DP-SGD (docs/privacy.md)
         line["epsilon"] = status["privacy"]["epsilon"]
         line["privacy_stopped"] = status["privacy"]["stopped"]
     return line

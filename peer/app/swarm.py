@@ -43,7 +43,7 @@ PASS_THROUGH = (
     "algorithm", "mode", *SETTING_NAMES, "fanout", "round_deadline_s",
     "topology", "topology_weights", "dataset", "partition", "model", "batch_size", "optimizer",
     "lr", "momentum", "weight_decay", "seed", "steps", "device", "max_serving_share",
-    "checkpoint_every", "log_level", *PRIVACY_FLAGS,
+    "checkpoint_every", "log_level",
 )  # fmt: skip
 """Launcher options handed to every peer unchanged (``--lr 0.1`` -> ``--lr 0.1``); every
 algorithm setting (``gossip.settings.SETTING_NAMES``) among them."""
@@ -194,12 +194,16 @@ def peer_flags(
     peer_file: Path | None,
 ) -> list[str]:
     """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
-    (:data:`PASS_THROUGH`), its shard and files in ``directory``, the topology's peer file,
+    (:data:`PASS_THROUGH`, and the DP-SGD flags given), its shard and files in ``directory``, the topology's peer file,
     ``--byzantine`` for the last K, then ``--peer-args``. ``launch`` parses them with the
     peer's own parser before anything starts."""
     flags: list[str] = []
     for name in PASS_THROUGH:
         value = getattr(args, name)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    for name in PRIVACY_FLAGS:  # DP-SGD's, when given (docs/privacy.md)
+        value = getattr(args, name, None)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
     flags += [
