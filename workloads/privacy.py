@@ -10,7 +10,8 @@ the peer's ``N_i`` examples in with probability ``q_i = B / N_i``)::
 ``‖g‖₂`` is over all parameters together, ``B`` the expected batch size ``q_i N_i`` (so the
 sum is divided by a constant, not by ``|S|``, which would leak it), ``σ`` the noise multiplier
 and ``C`` the clipping norm. Per-sample gradients come from ``torch.func`` (``vmap`` over the
-samples of ``grad`` of ``functional_call``); the simulator ``vmap``\\ s that over its peers.
+samples of ``grad`` of ``functional_call``); the simulator maps that over its peers with one
+more ``vmap``. Frozen parameters (``requires_grad=False``) are neither clipped over nor noised.
 
 Sampling (``PrivacyConfig.sampling``):
 
@@ -21,7 +22,7 @@ Sampling (``PrivacyConfig.sampling``):
   examples (:func:`poisson_batches`).
 - ``"fixed"``: the run's ordinary batches of exactly ``B`` (``workloads.batching``, with
   replacement by default). The accountants' Poisson analysis does not strictly apply to them;
-  the ε reported is that analysis at ``q = B / N_i`` and says so (docs/privacy.md).
+  the ε reported is that analysis at ``q = B / N_i`` all the same (docs/privacy.md says so).
 
 The noise ``z`` of peer i at step t is counter-based too (:func:`gaussian_noise`: SplitMix64 of
 (seed, i, t, coordinate), Box-Muller), so the simulator draws all n peers' noise in one call and
