@@ -147,3 +147,20 @@ def test_sim_run_refuses_a_bad_privacy_table_with_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert "privacy.delta: must be > 0 and < 1, got 2" in err[-1]
     assert list(itertools.islice(err, 0, None))[-1].count("\n") == 0
+
+
+def test_sim_run_shows_epsilon_and_the_budget_stop_in_its_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(
+        'rounds = 6\neval_every = 3\n[workload]\ndataset = "synthetic:num_samples=200"\n'
+        'model = "mlp:hidden=4"\npeers = 2\nbatch_size = 8\n[algorithm]\nname = "dpsgd"\n'
+        "[privacy]\nnoise = 1.0\nclip = 1.0\nepsilon = 2.5\n"
+    )
+    with pytest.warns(UserWarning, match="privacy: stopped before round"):
+        assert sim_main(["run", str(path), "--quiet", "--csv", str(tmp_path / "r.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon" in out and "(budget)" in out
+    header = (tmp_path / "r.csv").read_text().splitlines()[0].split(",")
+    assert header[-2:] == ["epsilon", "privacy_stopped_at"]
