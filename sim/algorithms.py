@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from sim.network import (
 from sim.optimizers import RowOptimizer, build_optimizer, masked_step
 from workloads.batching import StackedBatchSampler
 from workloads.optimizers import LocalOptimizer, attach_schedule
+
+if TYPE_CHECKING:
+    from sim.privacy import SimPrivacy
 
 BYTES_PER_FLOAT32 = 4
 
@@ -94,6 +97,9 @@ class Context:
     round: int = 0
     batches_drawn: int = 0
     step_count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    privacy: SimPrivacy | None = None
+    """DP-SGD (an experiment's ``[privacy]``): it draws the batches (Poisson sampling) and
+    :class:`~sim.batched.BatchedPeers` takes their private gradients."""
 
     def __post_init__(self) -> None:
         if self.step_count.shape != (self.n,):
@@ -120,6 +126,13 @@ class Context:
     def batch(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Every peer's next minibatch from its own partition: ``x [n, B, ...]``, ``y [n, B]``;
         with ``rows [m]`` (sorted peer indices) only those peers' rows of it, ``[m, B, ...]``."""
+        if self.privacy is not None:  # all peers at once (the config refuses the others)
+            if rows is not None:
+                raise ValueError("privacy: DP-SGD draws every peer's batch at once")
+            self.batches_drawn += 1
+            return self.privacy.batch(
+                self.sampler, self.batches_drawn - 1, self.x_train, self.y_train
+            )
         index = self.sampler.indices(self.batches_drawn)
         self.batches_drawn += 1
         if rows is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +37,9 @@ from workloads.batching import splitmix64
 from workloads.dropout import SeededDropout, has_dropout
 from workloads.models import NotBatchableError, check_batchable
 from workloads.task import cross_entropy
+
+if TYPE_CHECKING:
+    from sim.privacy import SimPrivacy
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
@@ -195,6 +198,10 @@ class BatchedPeers:
         )
         self._forward_shared = vmap(self._forward_views, in_dims=(0, None))
         self._checked = False
+        self.privacy: SimPrivacy | None = None
+        """DP-SGD (an experiment's ``[privacy]``): when set, :meth:`gradients` returns every
+        peer's private gradient of the batch it drew last (:meth:`sim.privacy.SimPrivacy.gradients`)
+        instead of the plain one, for all n peers at once."""
         self.chain: LinearChain | None = None
         if kernel != "vmap":
             try:
@@ -292,6 +299,8 @@ class BatchedPeers:
                 f"out: must be a contiguous tensor of shape {tuple(flat.shape)}, "
                 f"got {tuple(out.shape)}"
             )
+        if self.privacy is not None:
+            return self._private_gradients(flat, x, y, out)
         if self.chain is not None and self.chain.accepts(flat, x, y):
             out = torch.empty_like(flat) if out is None else out
             losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
@@ -319,6 +328,31 @@ class BatchedPeers:
             losses[rows] = loss.detach()
         return losses, out
 
+    def _private_gradients(
+        self, flat: Tensor, x: Tensor, y: Tensor, out: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """DP-SGD's gradients of all n peers (the linear-chain kernels are not used: they
+        give no per-sample gradients)."""
+        assert self.privacy is not None
+        if flat.shape[0] != self.n:
+            raise ValueError(
+                f"privacy: DP-SGD takes every peer's gradient at once ({self.n} rows), "
+                f"got {flat.shape[0]}"
+            )
+        out = torch.empty_like(flat) if out is None else out
+        losses = self._batchable_guard(
+            self.privacy.gradients,
+            self.template,
+            [e.name for e in self.layout.entries if e.kind == "parameter"],
+            self.layout.unflatten(flat),
+            self.buffers,
+            self.loss,
+            x,
+            y,
+            out,
+        )
+        return losses, out
+
     def _flatten_into(self, grads: dict[str, Tensor], out: Tensor) -> None:
         """``layout.flatten(grads)`` written into ``out [b, d]`` by one ``torch.cat``."""
         rows = out.shape[0]
@@ -327,7 +361,10 @@ class BatchedPeers:
 
     def default_block_rows(self) -> int:
         """Peers per gradient call: as many as keep ~32 MiB of gradients in flight, split
-        evenly (64 peers of 100k parameters: one block; 100 peers: two of 50)."""
+        evenly (64 peers of 100k parameters: one block; 100 peers: two of 50). With DP-SGD
+        all n (its gradients block their per-sample gradients themselves)."""
+        if self.privacy is not None:
+            return self.n
         limit = max(1, (32 << 20) // (self.params.element_size() * self.dim))
         return even_blocks(self.n, limit)
 

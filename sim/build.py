@@ -222,6 +222,30 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
     return SynchronousGossip(build_gossip(a.gossip), schedule, attack=attack, name=name)
 
 
+def _privacy(config: ExperimentConfig, algorithm: Algorithm, parts: list[torch.Tensor]) -> Any:
+    """The run's :class:`sim.privacy.SimPrivacy` (``[privacy]``), for its steps per peer:
+    rounds times the gradients of a round."""
+    from sim.privacy import SimPrivacy
+    from workloads.accountant import OPACUS_MISSING
+
+    assert config.privacy is not None
+    plan = getattr(getattr(algorithm, "algorithm", None), "plan", None)
+    per_round = 1 if plan is None else plan.phases().count("gradient")
+    try:
+        return SimPrivacy(
+            config.privacy,
+            parts,
+            config.workload.batch_size,
+            seed=config.seed,
+            rounds=config.rounds,
+            steps_per_round=per_round,
+        )
+    except ImportError:
+        raise _fail("privacy", OPACUS_MISSING) from None
+    except ValueError as error:
+        raise ConfigError(f"privacy.{error}") from None
+
+
 def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     """Data, partition, model, network and algorithm for one run (all seeded by ``seed``).
 
@@ -302,6 +326,8 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         byzantine=byzantine,
         seed=config.seed,
     )
+    if config.privacy is not None:
+        ctx.privacy = peers.privacy = _privacy(config, algorithm, parts)
     groups = None
     if config.groups:
         groups = GroupMetrics(

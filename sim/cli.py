@@ -207,6 +207,7 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
     diverged = any(records[-1].diverged_at is not None for records in runs.values())
     table = Table(title="final evaluation (honest peers)")
     language = any(records[-1].task == LANGUAGE_MODEL for records in runs.values())
+    private = any(records[-1].epsilon is not None for records in runs.values())  # DP-SGD
     headline = "val. bits/byte" if language else "accuracy"
     for column in (
         first,
@@ -218,6 +219,7 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
         "worst peer",
         "consensus dist.",
         *(("diverged at",) if diverged else ()),
+        *(("epsilon",) if private else ()),
     ):
         table.add_column(column, justify="left" if column == first else "right", no_wrap=True)
     for name, records in runs.items():
@@ -234,9 +236,12 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
         ]
         if diverged:
             cells.append("" if last.diverged_at is None else f"round {last.diverged_at}")
+        if private:
+            budget = " (budget)" if last.privacy_stopped_at is not None else ""
+            cells.append("" if last.epsilon is None else f"{last.epsilon:.3g}{budget}")
         table.add_row(*cells)
     console = Console()
-    wide = 135 if diverged else 120
+    wide = (135 if diverged else 120) + (20 if private else 0)
     console.width = max(console.width, wide, wide - 20 + max(len(name) for name in runs))
     console.print(table)
 

@@ -96,6 +96,14 @@ A complete file (every key optional except where noted)::
     groups = ["clique2"]           # ... and/or by group (the union; not with count)
     attack = "sign-flip"           # consensus attack spec
 
+    [privacy]                      # DP-SGD per peer (docs/privacy.md); needs gossipnet[privacy]
+    noise = 1.0                    # sigma, the noise multiplier; or leave it out and give:
+    epsilon = 8.0                  # target epsilon: picks sigma for the run; with noise: a budget
+    clip = 1.0                     # C, the per-sample gradient norm bound (required)
+    delta = 1e-5
+    sampling = "poisson"           # or "fixed" (the run's batches; Poisson analysis then loose)
+    accountant = "rdp"             # or "prv"
+
     [output]
     jsonl = "run.jsonl"
     csv = "run.csv"
@@ -133,6 +141,7 @@ from topologies.errors import TopologyError
 from topologies.spec_grammar import SpecError, parse_spec
 from workloads.device import DEVICE_CHOICES, DEVICE_PATTERN
 from workloads.partition import label_sets_from_spec, parse_id_set
+from workloads.privacy import PrivacyConfig
 
 TOPOLOGY_FIELDS = ("topology", "topology_params", "weights")
 """The ``[algorithm]`` keys that say who talks to whom (gossip algorithms only)."""
@@ -632,6 +641,7 @@ class ExperimentConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     graph: GraphConfig | None = None
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    privacy: PrivacyConfig | None = None
 
     def __post_init__(self) -> None:
         _int("seed", self.seed, 0)
@@ -648,6 +658,7 @@ class ExperimentConfig:
         except ValueError as error:
             raise ConfigError(str(error)) from None
         self._check_byzantine()
+        self._check_privacy()
         self._check_label_sets()
         self._check_graph()
         for key in ("latency", "bandwidth"):
@@ -707,6 +718,17 @@ class ExperimentConfig:
                 field_name,
                 "Byzantine peers are simulated for synchronous gossip algorithms "
                 f"(dpsgd, local-sgd, push-sum, choco), not {self.algorithm.name!r}",
+            )
+
+    def _check_privacy(self) -> None:
+        if self.privacy is None:
+            return
+        runs = sorted(set(GOSSIP_ALGORITHMS) - {"ad-psgd"})
+        if self.algorithm.name not in runs:
+            raise _fail(
+                "privacy",
+                f"DP-SGD runs in the synchronous gossip algorithms ({', '.join(runs)}), not "
+                f"{self.algorithm.name!r}; remove [privacy]",
             )
 
     def _check_label_sets(self) -> None:
@@ -801,6 +823,7 @@ _SECTIONS: dict[str, type] = {
     "byzantine": ByzantineConfig,
     "output": OutputConfig,
     "graph": GraphConfig,
+    "privacy": PrivacyConfig,
 }
 
 
@@ -877,6 +900,8 @@ def experiment_from_dict(
     top = _known("", {k: v for k, v in data.items() if k != NAMED_RUNS}, ExperimentConfig)
     top = resolve_experiment_paths(top, Path(".") if base_dir is None else Path(base_dir))
     for section, cls in _SECTIONS.items():
+        if section == "privacy" and top.get(section, {}) is None:
+            continue  # no DP-SGD, as ``dataclasses.asdict`` writes it
         if section in top:
             table = top[section]
             if not isinstance(table, Mapping):
@@ -900,6 +925,8 @@ def experiment_from_dict(
             except ValueError as error:
                 if isinstance(error, ConfigError):
                     raise
+                if section == "privacy":  # "noise: ..." -> "privacy.noise: ..."
+                    raise ConfigError(f"{section}.{error}") from None
                 raise _fail(section, str(error)) from None
     return ExperimentConfig(**top)
 

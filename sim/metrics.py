@@ -16,6 +16,8 @@ All model metrics are over the honest peers only (Byzantine peers' own models do
 - ``diverged_at``: the round at which the run's honest models stopped being finite, on
   every record of a run that diverged (:mod:`sim.divergence`; the run ended there), else
   ``None`` (an empty cell in CSV, null in JSON);
+- a DP-SGD run's records (``[privacy]``, :data:`PRIVACY_COLUMNS`) also have ``epsilon`` and
+  ``privacy_stopped_at``;
 - ``group_metrics``: when the experiment names groups of peers (``[groups]``), each group's
   accuracy, worst member, inner consensus distance, accuracy on each group's classes and
   distance to the other groups, under flat keys ``group/<name>/<metric>[/<other group>]``
@@ -73,6 +75,8 @@ class Record:
     test_bits_per_byte: float | None = None
     peer_bits_per_byte_mean: float | None = None
     peer_bits_per_byte_worst: float | None = None
+    epsilon: float | None = None
+    privacy_stopped_at: int | None = None
 
     def __post_init__(self) -> None:
         given = [getattr(self, name) is not None for name in LANGUAGE_MODEL_COLUMNS]
@@ -120,6 +124,8 @@ class Record:
         row = {name: getattr(self, name) for name in COLUMNS}
         if self.test_bits_per_byte is not None:
             row.update({name: getattr(self, name) for name in LANGUAGE_MODEL_COLUMNS})
+        if self.epsilon is not None:
+            row.update({name: getattr(self, name) for name in PRIVACY_COLUMNS})
         row.update(self.group_metrics)
         return row
 
@@ -131,13 +137,14 @@ class Record:
             key: value
             for key, value in row.items()
             if key in COLUMNS
-            or (key in LANGUAGE_MODEL_COLUMNS and not _missing(value))  # blank in a mixed CSV
+            or (key in OPTIONAL_COLUMNS and not _missing(value))  # blank in a mixed CSV
         }
-        diverged = fixed.get("diverged_at")
-        if isinstance(diverged, float):  # JSON null read back as NaN, or 38.0 from a table
-            fixed["diverged_at"] = None if math.isnan(diverged) else int(diverged)
+        for name in ("diverged_at", "privacy_stopped_at"):
+            value = fixed.get(name)
+            if isinstance(value, float):  # JSON null read back as NaN, or 38.0 from a table
+                fixed[name] = None if math.isnan(value) else int(value)
         groups = {key: float(value) for key, value in row.items() if key.startswith(GROUP_PREFIX)}
-        unknown = sorted(set(row) - set(fixed) - set(groups))
+        unknown = sorted(set(row) - set(fixed) - set(groups) - set(OPTIONAL_COLUMNS))
         if unknown:
             raise ValueError(
                 f"record: unknown column {unknown[0]!r}; allowed: {', '.join(COLUMNS)}, "
@@ -158,23 +165,29 @@ LANGUAGE_MODEL_COLUMNS = (
 """The columns only a language model's records have: the average model's validation bits per
 byte (``test_loss / ln 2``), and the honest peers' own models' mean and worst (highest)."""
 
+PRIVACY_COLUMNS = ("epsilon", "privacy_stopped_at")
+"""The columns only a DP-SGD run's records have (``[privacy]``, :mod:`sim.privacy`): ε at the
+table's δ after the steps so far (the largest of any peer), and the round before which the run
+stopped because one more would have passed the target ε (on every record of such a run)."""
+OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS
+
 COLUMNS = tuple(
-    f.name
-    for f in fields(Record)
-    if f.name != "group_metrics" and f.name not in LANGUAGE_MODEL_COLUMNS
+    f.name for f in fields(Record) if f.name != "group_metrics" and f.name not in OPTIONAL_COLUMNS
 )
 """The columns every record has (the group metrics come after them, see :func:`columns`)."""
 
 
 def columns(records: Iterable[Record]) -> tuple[str, ...]:
     """:data:`COLUMNS`, :data:`LANGUAGE_MODEL_COLUMNS` when a record is a language model's,
-    then every group-metric key of ``records`` in the order first seen."""
+    :data:`PRIVACY_COLUMNS` when one is a DP-SGD run's, then every group-metric key of ``records`` in the order first seen."""
     seen: dict[str, None] = {}
-    language = False
+    language = private = False
     for record in records:
         language = language or record.test_bits_per_byte is not None
+        private = private or record.epsilon is not None
         seen.update(dict.fromkeys(record.group_metrics))
-    return COLUMNS + (LANGUAGE_MODEL_COLUMNS if language else ()) + tuple(seen)
+    optional = (LANGUAGE_MODEL_COLUMNS if language else ()) + (PRIVACY_COLUMNS if private else ())
+    return COLUMNS + optional + tuple(seen)
 
 
 def group_rows(records: Iterable[Record]) -> list[dict[str, Any]]:

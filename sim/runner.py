@@ -1,12 +1,15 @@
 """Run one algorithm round by round: advance the simulated clock, count bytes, evaluate.
 
 A run whose honest models stop being finite ends at that round (:mod:`sim.divergence`): the
-records evaluated before it are returned, each marked ``diverged_at``.
+records evaluated before it are returned, each marked ``diverged_at``. A DP-SGD run (``[privacy]``,
+:mod:`sim.privacy`) records ε in every record and ends, with a warning, before the round that
+would take it past the target ε: every record is marked ``privacy_stopped_at``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -69,7 +72,14 @@ def run(
     train_loss = float("nan")
     records = [_record(algorithm, ctx, evaluation, counter, steps, train_loss)]
     divergence: Divergence | None = None
+    stopped: int | None = None
     for index in range(rounds):
+        if ctx.privacy is not None and ctx.privacy.steps_left() < ctx.privacy.steps_per_round:
+            stopped = ctx.round
+            _warn_privacy_stop(ctx)
+            if records[-1].round != ctx.round:
+                records.append(_record(algorithm, ctx, evaluation, counter, steps, train_loss))
+            break
         try:
             report = algorithm.round(ctx)
         except ValueError:
@@ -91,11 +101,26 @@ def run(
             records.append(_record(algorithm, ctx, evaluation, counter, steps, train_loss))
         if on_round is not None:
             on_round(ctx.round)
+    if stopped is not None:
+        records = [dataclasses.replace(record, privacy_stopped_at=stopped) for record in records]
     if divergence is None:
         return records
     if on_diverge is not None:
         on_diverge(divergence)
     return [dataclasses.replace(record, diverged_at=divergence.round) for record in records]
+
+
+def _warn_privacy_stop(ctx: Context) -> None:
+    privacy = ctx.privacy
+    assert privacy is not None
+    ledger = privacy.ledger
+    warnings.warn(
+        f"privacy: stopped before round {ctx.round + 1}: its {privacy.steps_per_round} step(s) "
+        f"would take epsilon from {ledger.epsilon:.4g} past the budget {ledger.target:g} "
+        f"(delta {ledger.delta:g}, sigma {ledger.noise_multiplier:.4g}, q {ledger.sample_rate:.4g})",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _divergence(algorithm: Algorithm, ctx: Context, round_: int) -> Divergence | None:
@@ -135,4 +160,5 @@ def _record(
         test_bits_per_byte=measured.get("test_bits_per_byte"),
         peer_bits_per_byte_mean=measured.get("peer_bits_per_byte_mean"),
         peer_bits_per_byte_worst=measured.get("peer_bits_per_byte_worst"),
+        epsilon=None if ctx.privacy is None else ctx.privacy.epsilon(),
     )

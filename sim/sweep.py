@@ -262,6 +262,8 @@ def run_key(config: ExperimentConfig) -> str:
     except ``[output]``, which changes no result. An edge list counts by its edges."""
     resolved = dataclasses.asdict(config)
     resolved.pop("output", None)
+    if resolved.get("privacy") is None:  # runs stored before [privacy] keep their keys
+        resolved.pop("privacy", None)
     algorithm = resolved["algorithm"]
     if config.algorithm.name in GOSSIP_ALGORITHMS:
         gossip = config.algorithm.gossip

@@ -62,6 +62,7 @@ from peer.app.logs import configure_logging
 from peer.app.peer_flags import (
     CONFIG_FIELDS,
     peer_parser,
+    privacy_config,
 )
 from peer.app.run import build_peer, run_peer
 from peer.app.status import human_bytes
@@ -200,6 +201,10 @@ def parse_peer_args(
     except ConfigurationError as error:
         parser.error(error.render(_namer(parser)))
     _check_numbers(args, parser)
+    try:
+        privacy_config(args)
+    except ValueError as error:
+        parser.error(str(error))
     _check_secret(args, parser)
     _check_workload(args, parser)
     if config.log_dir is not None:

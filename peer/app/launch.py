@@ -57,7 +57,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.app.peer_flags import add_link_flags, add_optimizer_flags, check_optimizer_flags
+from peer.app.peer_flags import (
+    add_link_flags,
+    add_optimizer_flags,
+    add_privacy_flags,
+    check_optimizer_flags,
+)
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results, test_metrics
 from peer.app.swarm import GRACE_LIMIT_S, GRACE_S, PeerProcess, Swarm, peer_flags
@@ -219,6 +224,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     work.add_argument(
         "--steps", type=int, default=500, help="optimizer steps per peer (default %(default)s)"
     )
+    add_privacy_flags(parser)
     out = parser.add_argument_group("output")
     out.add_argument(
         "--dir",

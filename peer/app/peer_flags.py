@@ -6,6 +6,7 @@ flags come from :data:`gossip.settings.SETTINGS`), and which config fields the f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -24,6 +25,7 @@ from peer.transport.shaping import (
     parse_duration,
     parse_loss,
 )
+from workloads.accountant import OPACUS_MISSING
 from workloads.optimizers import (
     LOCAL_OPTIMIZERS,
     OPTIMIZER_KEYS,
@@ -31,17 +33,21 @@ from workloads.optimizers import (
     SGD_MOMENTUM,
     LocalOptimizer,
 )
+from workloads.privacy import ACCOUNTANTS, DEFAULT_DELTA, PRIVACY_FIELDS, SAMPLINGS, PrivacyConfig
 
 __all__ = [
     "CONFIG_FIELDS",
     "DEFAULT_DATASET",
     "NETWORK_FIELDS",
     "OPTIMIZER_FLAGS",
+    "PRIVACY_FLAGS",
     "USER_CODE",
     "add_link_flags",
     "add_optimizer_flags",
+    "add_privacy_flags",
     "check_optimizer_flags",
     "peer_parser",
+    "privacy_config",
 ]
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
@@ -198,6 +204,82 @@ def check_optimizer_flags(args: argparse.Namespace) -> LocalOptimizer:
         key, _, reason = str(error).partition(": ")
         flag = OPTIMIZER_KEYS[key].flag if key in OPTIMIZER_KEYS else key
         raise ValueError(f"{flag}: {reason}") from None
+
+
+PRIVACY_FLAGS = tuple(f"dp_{name}" for name in PRIVACY_FIELDS)
+"""The DP-SGD flags' destinations (``--dp-noise`` -> ``dp_noise``), one per
+:data:`workloads.privacy.PRIVACY_FIELDS`, the same on ``peer`` and ``launch``."""
+
+
+def add_privacy_flags(parser: argparse.ArgumentParser) -> None:
+    """The DP-SGD flags (docs/privacy.md), in a group of their own."""
+    group = parser.add_argument_group(
+        "privacy (DP-SGD per peer, docs/privacy.md; needs pip install 'gossipnet[privacy]')"
+    )
+    group.add_argument(
+        "--dp-noise",
+        type=float,
+        metavar="SIGMA",
+        help="noise multiplier: Gaussian noise of SIGMA * --dp-clip on the summed clipped "
+        "per-sample gradients (or give --dp-epsilon to pick it)",
+    )
+    group.add_argument(
+        "--dp-clip", type=float, metavar="C", help="per-sample gradient L2 norm bound (required)"
+    )
+    group.add_argument(
+        "--dp-epsilon",
+        type=float,
+        metavar="EPS",
+        help="target epsilon: training stops before a step would pass it; without --dp-noise "
+        "it also picks the noise for --steps steps",
+    )
+    group.add_argument(
+        "--dp-delta", type=float, metavar="DELTA", help=f"delta (default {DEFAULT_DELTA:g})"
+    )
+    group.add_argument(
+        "--dp-sampling",
+        choices=SAMPLINGS,
+        help="poisson (default: what the accountant assumes) or fixed (--batch-size exactly)",
+    )
+    group.add_argument(
+        "--dp-accountant", choices=ACCOUNTANTS, help="Opacus' rdp (default) or prv accountant"
+    )
+
+
+def privacy_config(args: argparse.Namespace) -> PrivacyConfig | None:
+    """The DP-SGD settings the ``--dp-*`` flags give (None without ``--dp-noise``,
+    ``--dp-clip`` or ``--dp-epsilon``); a ``ValueError`` whose message starts with the flag
+    at fault."""
+    given = {
+        name: getattr(args, f"dp_{name}")
+        for name in PRIVACY_FIELDS
+        if getattr(args, f"dp_{name}", None) is not None
+    }
+    if not given:
+        return None
+    if not {"noise", "clip", "epsilon"} & set(given):
+        first = next(iter(given))
+        raise ValueError(
+            f"--dp-{first}: applies to DP-SGD only; allowed with --dp-clip and --dp-noise "
+            "or --dp-epsilon"
+        )
+    try:
+        config = PrivacyConfig(**given)
+    except ValueError as error:
+        raise ValueError(f"--dp-{error}") from None
+    if config.noise is None and not getattr(args, "steps", 0):
+        raise ValueError(
+            "--dp-epsilon: without --dp-noise it picks the noise for the run's steps; "
+            "allowed: with --steps N (N >= 1), or with --dp-noise SIGMA"
+        )
+    if config.accountant == "prv" and not getattr(args, "steps", 0):
+        raise ValueError(
+            "--dp-accountant: prv needs the run's --steps N (its cost grows with the steps); "
+            "allowed: rdp, or prv with --steps N"
+        )
+    if importlib.util.find_spec("opacus") is None:
+        raise ValueError(f"--dp-{next(iter(given))}: {OPACUS_MISSING}")
+    return config
 
 
 def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
@@ -425,6 +507,7 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     work.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32)")
     add_optimizer_flags(work)
     add_link_flags(parser)
+    add_privacy_flags(parser)
     run = parser.add_argument_group("run")
     run.add_argument(
         "--steps", type=int, default=0, help="optimizer steps, 0 = until a signal (default 0)"

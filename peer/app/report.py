@@ -60,6 +60,9 @@ def collect_results(swarm: Swarm, centralized: CentralizedResult) -> dict[str, A
             entry.setdefault("test_accuracy", None)
             for key in ("exchanges_ok", "exchanges_failed", "isolated", "byzantine"):
                 entry[key] = report.get(key)
+            if "epsilon" in report:  # DP-SGD (docs/privacy.md)
+                entry["epsilon"] = report["epsilon"]
+                entry["privacy_stopped"] = report["privacy_stopped"]
         else:
             last = peer.last_status_line() or peer.status
             if "step" in last:
@@ -161,6 +164,13 @@ def _count(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def _epsilon(entry: dict[str, Any]) -> str:
+    """A peer's ε cell: the value, and ``(budget)`` when training stopped for it."""
+    epsilon = entry.get("epsilon")
+    text = "inf" if epsilon is None else f"{epsilon:.3g}"
+    return text + (" (budget)" if entry.get("privacy_stopped") else "")
+
+
 def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     """The final table: per peer its step, the task's headline test metric, its gap to the
     centralized run, exchanges.
@@ -176,12 +186,20 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     reference = results["centralized"].get(key)
     table = Table(title=title(results, args))
     metric = task.heading(results.get("num_classes"))
-    for column in ("", "step", metric, "vs centralized", "exchanges ok", "failed"):
+    private = any("epsilon" in entry for entry in results["peers"])
+    columns = ("", "step", metric, "vs centralized", "exchanges ok", "failed")
+    for column in columns + (("epsilon",) if private else ()):
         table.add_column(column, justify="left" if not column else "right")
+    add_row = table.add_row
+    if private:  # every row gets the epsilon cell (the peer's, "-" for the others)
+
+        def add_row(*cells: Any, epsilon: str = "-", **style: Any) -> None:
+            table.add_row(*cells, epsilon, **style)
+
     for entry in results["peers"]:
         value = entry.get(key)
         if value is None and entry.get("test_loss") is not None:  # evaluated, no headline
-            table.add_row(
+            add_row(
                 entry["id"],
                 str(entry["step"]),
                 f"loss {entry['test_loss']:.4g}",
@@ -193,11 +211,12 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
         if value is None:
             why = entry.get("error") or f"no result ({entry.get('state', 'unknown')})"
             step = "-" if entry.get("step") is None else str(entry["step"])
-            table.add_row(entry["id"], step, why, "-", "-", "-")
+            add_row(entry["id"], step, why, "-", "-", "-")
             continue
         isolated = bool(entry.get("isolated"))
         byzantine = f" (byzantine: {entry['byzantine']})" if entry.get("byzantine") else ""
-        table.add_row(
+        cells: dict[str, Any] = {} if not private else {"epsilon": _epsilon(entry)}
+        add_row(
             entry["id"] + byzantine + (" ISOLATED" if isolated else ""),
             str(entry["step"]),
             _show(task, value),
@@ -205,10 +224,11 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
             _count(entry.get("exchanges_ok")),
             _count(entry.get("exchanges_failed")),
             style="bold red" if isolated else None,
+            **cells,
         )
     if reference is not None:
         samples = results["centralized"]["samples"]
-        table.add_row(
+        add_row(
             "centralized",
             str(args.steps),
             _show(task, reference),
@@ -217,6 +237,6 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
             "-",
         )
     elif results["centralized"]["error"]:
-        table.add_row("centralized", "-", results["centralized"]["error"], "-", "-", "-")
+        add_row("centralized", "-", results["centralized"]["error"], "-", "-", "-")
     Console(width=max(100, os.get_terminal_size(sys.stdout.fileno()).columns)
             if sys.stdout.isatty() else 100).print(table)  # fmt: skip

@@ -33,15 +33,18 @@ from typing import Any
 import torch
 
 from peer.app.logs import above_live
-from peer.app.peer_flags import check_optimizer_flags
+from peer.app.peer_flags import check_optimizer_flags, privacy_config
 from peer.app.status import human_bytes
 from peer.node.config import PeerConfig, resolve_device
 from peer.node.logbook import Logbook
 from peer.node.membership import Status
 from peer.node.model_file import save_model, sidecar_path
 from peer.node.peer import JoinError, Peer
+from peer.node.privacy import PrivateTraining
 from peer.node.recipe import ModelRecipe
 from workloads import Dataset, build_model, load_dataset, partition, peer_batches
+from workloads.accountant import noise_multiplier_for
+from workloads.privacy import poisson_batches, sample_rates
 from workloads.task import TASKS, ModelMismatchError, check_model_fits
 
 
@@ -55,12 +58,19 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
     check_fit(model, data, args.model, args.dataset)
     optimizer = check_optimizer_flags(args).torch_optimizer
-    batches = peer_batches(
-        data,
-        shards[args.peer_index],
-        batch_size=args.batch_size,
-        seed=args.seed,
-        peer=args.peer_index,
+    privacy = _privacy(args, [len(shard) for shard in shards])
+    batches = (
+        peer_batches(
+            data,
+            shards[args.peer_index],
+            batch_size=args.batch_size,
+            seed=args.seed,
+            peer=args.peer_index,
+        )
+        if privacy is None or privacy.config.sampling == "fixed"
+        else poisson_batches(
+            data, shards[args.peer_index], args.batch_size, seed=args.seed, peer=args.peer_index
+        )
     )
     try:  # checked when a peer is built; named by flag here
         resolve_device(config.device)
@@ -73,7 +83,9 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
         dataset=args.dataset,
         seed=args.seed,
     )
-    peer = Peer(model, optimizer, TASKS[data.task].loss, batches, config, recipe=recipe)
+    peer = Peer(
+        model, optimizer, TASKS[data.task].loss, batches, config, recipe=recipe, privacy=privacy
+    )
     return peer, data
 
 
@@ -87,6 +99,31 @@ def check_fit(model: torch.nn.Module, data: Dataset, model_spec: str, dataset_sp
         raise ValueError(
             f"--model {model_spec} does not fit --dataset {dataset_spec}: {error}"
         ) from None
+
+
+def _privacy(args: argparse.Namespace, sizes: list[int]) -> PrivateTraining | None:
+    """DP-SGD as the ``--dp-*`` flags say (None without them). σ is ``--dp-noise``, or the
+    one that reaches ``--dp-epsilon`` in ``--steps`` at the largest sampling rate of any
+    shard (the simulator's choice too, so both runners of one run use one σ)."""
+    config = privacy_config(args)
+    if config is None:
+        return None
+    rates = sample_rates(sizes, args.batch_size)
+    noise = config.noise
+    if noise is None:
+        assert config.epsilon is not None  # PrivacyConfig: one of the two
+        noise = noise_multiplier_for(
+            config.epsilon, config.delta, float(rates.max()), args.steps, config.accountant
+        )
+    return PrivateTraining(
+        config,
+        noise_multiplier=noise,
+        sample_rate=float(rates[args.peer_index]),
+        batch_size=args.batch_size,
+        seed=args.seed,
+        peer=args.peer_index,
+        max_steps=args.steps or None,
+    )
 
 
 def _check_save_model(path: str | None, eval_out: str | None = None) -> None:
@@ -159,6 +196,8 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
             await asyncio.gather(waiting, return_exceptions=True)
         target = peer.step + args.steps if args.steps else None
         while not stop.is_set() and (target is None or peer.step < target):
+            if peer.privacy is not None and peer.privacy.stopped:
+                break  # the privacy budget is spent (the peer warned)
             chunk = (
                 args.status_every if target is None else min(args.status_every, target - peer.step)
             )
@@ -212,15 +251,18 @@ async def _record(
     """One ``--log-dir`` row from the peer's status, written off the event loop; with an
     ``evaluation`` (``--eval-out``) also the task's test metrics under their names
     (``accuracy``, ``bits_per_byte``, ``mse``: :data:`workloads.task.METRIC_NAMES`, each a
-    column, blank where the task has none) and the test loss (TensorBoard's ``test_loss``)."""
+    column, blank where the task has none) and the test loss (TensorBoard's ``test_loss``); with DP-SGD also ε (TensorBoard's ``epsilon``)."""
     if logbook is None:
         return
     status = peer.status()
+    # DP-SGD's epsilon so far: TensorBoard and MLflow (docs/privacy.md)
+    spent = {} if status["privacy"] is None else {"epsilon": status["privacy"]["epsilon"]}
     if evaluation is None:
-        await asyncio.to_thread(logbook.record_status, status)
+        await asyncio.to_thread(lambda: logbook.record_status(status, **spent))
         return
     scores = {key.removeprefix("test_"): evaluation[key] for key in _scores(evaluation)}
     scores["test_loss"] = scores.pop("loss")
+    scores.update(spent)
     await asyncio.to_thread(lambda: logbook.record_status(status, **scores))
 
 
@@ -292,6 +334,9 @@ async def _write_evaluation(peer: Peer, data: Dataset, args: argparse.Namespace)
         "isolated": peer.health.isolated,
         "byzantine": peer.config.byzantine,
     }
+    if peer.privacy is not None:
+        report["epsilon"] = peer.privacy.epsilon
+        report["privacy_stopped"] = peer.privacy.stopped
     _write_atomically(args.eval_out, json.dumps(report))
     return report
 
@@ -366,4 +411,7 @@ def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] in LIVE]}
     if rate is not None:
         line["bytes_per_s"] = round(rate.read(), 1)
+    if status["privacy"] is not None:  # DP-SGD (docs/privacy.md)
+        line["epsilon"] = status["privacy"]["epsilon"]
+        line["privacy_stopped"] = status["privacy"]["stopped"]
     return line

@@ -117,6 +117,17 @@ def render(status: dict[str, Any]) -> str:
                 "rounds, training alone"
             )
         lines.append(line)
+    privacy = status.get("privacy")
+    if isinstance(privacy, dict):  # DP-SGD (docs/privacy.md)
+        epsilon, target = privacy.get("epsilon"), privacy.get("target_epsilon")
+        line = (
+            f"privacy epsilon {'inf' if epsilon is None else f'{epsilon:.4g}'} at delta "
+            f"{privacy.get('delta')}, sigma {privacy.get('noise_multiplier')}, "
+            f"budget {'none' if target is None else target}"
+        )
+        if privacy.get("stopped"):
+            line += "  STOPPED: one more round would pass the budget"
+        lines.append(line)
     if status.get("topology"):
         lines.append(f"topology {status['topology']}, rank {status.get('rank')}")
     members = status.get("neighbours", [])

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.settings import SETTING_NAMES
-from peer.app.peer_flags import OPTIMIZER_FLAGS
+from peer.app.peer_flags import OPTIMIZER_FLAGS, PRIVACY_FLAGS
 
 GRACE_S = 15.0
 """How long stopped peers get to checkpoint, evaluate, save and exit before SIGKILL; by
@@ -212,7 +212,7 @@ def peer_flags(
     peer_file: Path | None,
 ) -> list[str]:
     """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
-    (:data:`PASS_THROUGH`), its shard and files in ``directory`` (checkpoints too when the
+    (:data:`PASS_THROUGH`, and the DP-SGD flags given), its shard and files in ``directory`` (checkpoints too when the
     run is kept, ``--dir``, so that it can be resumed), the topology's peer file,
     ``--byzantine`` for the last K, then ``--peer-args``. With ``launch --resume``
     (``args.resumed``: index -> the step of that peer's newest checkpoint) each peer gets
@@ -224,6 +224,10 @@ def peer_flags(
         value = getattr(args, name)
         if name == "steps" and resumed is not None:  # on to --steps in all; 1 if already there
             value = max(1, args.steps - resumed.get(index, 0))
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    for name in PRIVACY_FLAGS:  # DP-SGD's, when given (docs/privacy.md)
+        value = getattr(args, name, None)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
     flags += [

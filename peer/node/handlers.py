@@ -28,6 +28,7 @@ from peer.node.context import PeerContext
 from peer.node.membership import check_address
 from peer.node.metrics import PeerMetrics
 from peer.node.modes import ExchangeMode
+from peer.node.privacy import privacy_status
 from peer.protocol.codecs import Codec, DenseCodec
 from peer.protocol.errors import InvalidSender, MalformedBody, UnknownPeer
 from peer.protocol.signatures import RequestVerifier
@@ -160,6 +161,7 @@ class ServerHandlers:
             "serving_refused": 0 if self.serving_share is None else self.serving_share.refused,
             "byzantine": self.ctx.config.byzantine,
             **self.ctx.health.to_json(),
+            **privacy_status(self.ctx.trainer.privacy),
         }
 
     def render_metrics(self) -> bytes:

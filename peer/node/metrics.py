@@ -6,6 +6,8 @@ each owns its registry and ``GET /metrics`` renders only its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from peer.node.membership import STATUSES
@@ -97,6 +99,16 @@ class PeerMetrics:
             self.members.labels(status=status).set(0)
         for direction in ("in", "out"):
             self.bytes(direction=direction)
+
+    def track_privacy(self, epsilon: Callable[[], float]) -> None:
+        """Export ``gossipnet_privacy_epsilon``, read from ``epsilon()`` at each scrape (a
+        peer training with DP-SGD, :mod:`peer.node.privacy`)."""
+        Gauge(
+            "gossipnet_privacy_epsilon",
+            "DP-SGD: epsilon at the run's delta spent by the steps taken so far (Opacus' "
+            "accountant)",
+            registry=self.registry,
+        ).set_function(epsilon)
 
     def bytes_total(self, direction: str) -> int:
         value = self.registry.get_sample_value("gossipnet_bytes_total", {"direction": direction})

@@ -59,6 +59,7 @@ from peer.node.hooks import (
 from peer.node.joins import VIEW_REFRESH_ROUNDS, JoinError, MembershipProtocol
 from peer.node.membership import check_address
 from peer.node.modes import build_mode
+from peer.node.privacy import PrivateTraining
 from peer.node.recipe import ModelRecipe
 from peer.node.trainer import Batch, Evaluation, OptimizerFactory, Trainer
 from peer.protocol.tls import server_ssl_context
@@ -112,6 +113,7 @@ class Peer:
         config: PeerConfig,
         *,
         recipe: ModelRecipe | None = None,
+        privacy: PrivateTraining | None = None,
     ) -> None:
         if not isinstance(config, PeerConfig):
             raise TypeError(f"config must be a PeerConfig, got {type(config).__name__}")
@@ -127,6 +129,8 @@ class Peer:
             buffers=config.average_buffers,
             seed=node_seed(config.seed + 2, config.peer_id),  # dropout masks
         )
+        trainer.privacy = self.privacy = privacy
+        """DP-SGD (``--dp-*``, :mod:`peer.node.privacy`): the gradient hook and the account."""
         ctx = self.ctx = PeerContext.build(trainer, config)
         """The parts every part of this peer shares (:mod:`peer.node.context`)."""
         self.mode = build_mode(ctx)
@@ -186,6 +190,8 @@ class Peer:
         self.state_envelope = handlers.state_envelope
         self.status = handlers.status
         self.render_metrics = handlers.render_metrics
+        if privacy is not None:
+            self.metrics.track_privacy(lambda: privacy.epsilon)
 
     # ------------------------------------------------------------------ what changes
 
@@ -361,8 +367,11 @@ class Peer:
             raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
         hooks = StepHooks(callbacks, scheduler, scheduler_every)
         target = self.step + steps
+        per_round = self.algorithm.plan.phases().count("gradient")
         try:
             while self.step < target:
+                if self.privacy is not None and self.privacy.exhausted(per_round, self.step):
+                    break  # the privacy budget is spent (a warning said so)
                 await self._run_round(hooks)
         finally:
             # a peer that has finished its steps (or whose run was cancelled) serves its

@@ -35,6 +35,7 @@ import torch
 
 from gossip.flat import FlatParameters, averageable
 from peer.node.model_lock import ModelLock
+from peer.node.privacy import PrivateTraining
 from workloads.dropout import SeededDropout
 from workloads.task import bits_per_byte
 from workloads.task import evaluate as evaluate_task
@@ -167,6 +168,9 @@ class Trainer:
         self._batches: Iterator[Batch] | None = None
         self.last_step_at: float | None = None
         """``time.monotonic()`` of the last optimizer step (None before the first)."""
+        self.privacy: PrivateTraining | None = None
+        """DP-SGD: when set, :meth:`gradient` takes its private gradient (per-sample clipped,
+        noised; :mod:`peer.node.privacy`) instead of ``loss.backward()``."""
 
     @property
     def local_buffers(self) -> tuple[str, ...]:
@@ -207,6 +211,11 @@ class Trainer:
             inputs, targets = _to(inputs, self.device), _to(targets, self.device)
         with self.lock:
             self.flat.zero_grad()
+            if self.privacy is not None:  # DP-SGD's gradient of step `step` (its noise key)
+                self.loss = self.privacy.gradient_into(
+                    self.model, self.loss_fn, inputs, targets, self.step, self.flat.grad
+                )
+                return self.loss
             if self.generator is None:
                 loss = self.loss_fn(self.model(inputs), targets)
             else:
