@@ -886,6 +886,13 @@ def named_runs(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return checked
 
 
+def _same(value: Any, default: Any) -> bool:
+    """Whether a table's value is the field's default (a TOML or JSON list for a tuple)."""
+    if isinstance(value, list):
+        value = tuple(value)
+    return bool(value == default) and type(value) is type(default)
+
+
 def experiment_from_dict(
     data: Mapping[str, Any], *, base_dir: str | Path | None = None
 ) -> ExperimentConfig:
@@ -912,6 +919,18 @@ def experiment_from_dict(
                     if key in values:
                         values[key] = tuple(values[key])
             if section == "optimizer":  # a key the optimizer or schedule does not read: refused
+                # unless it holds its default (a whole table, as ``dataclasses.asdict`` writes
+                # it, reads back as the same optimizer)
+                defaults = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)}
+                values = {
+                    key: value
+                    for key, value in values.items()
+                    if not (
+                        key in defaults
+                        and _same(value, defaults[key])
+                        and key not in ("name", "lr", "schedule")
+                    )
+                }
                 try:
                     top[section] = OptimizerConfig.from_keys(values)
                 except ValueError as error:

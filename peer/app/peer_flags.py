@@ -221,17 +221,20 @@ def add_privacy_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SIGMA",
         help="noise multiplier: Gaussian noise of SIGMA * --dp-clip on the summed clipped "
-        "per-sample gradients (or give --dp-epsilon to pick it)",
+        "per-sample gradients (or give --dp-epsilon to pick it; default: none, no DP-SGD)",
     )
     group.add_argument(
-        "--dp-clip", type=float, metavar="C", help="per-sample gradient L2 norm bound (required)"
+        "--dp-clip",
+        type=float,
+        metavar="C",
+        help="per-sample gradient L2 norm bound (required with DP-SGD; default: none)",
     )
     group.add_argument(
         "--dp-epsilon",
         type=float,
         metavar="EPS",
         help="target epsilon: training stops before a step would pass it; without --dp-noise "
-        "it also picks the noise for --steps steps",
+        "it also picks the noise for --steps steps (default: none, no budget)",
     )
     group.add_argument(
         "--dp-delta", type=float, metavar="DELTA", help=f"delta (default {DEFAULT_DELTA:g})"
