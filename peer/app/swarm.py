@@ -1,8 +1,9 @@
 """The processes of a local swarm: ``gossipnet peer`` children, their ports and files.
 
 :class:`Swarm` starts N ``gossipnet peer`` OS processes on 127.0.0.1, all in one process
-group: ``peer-0`` is the bootstrap and the others ``--join`` it (or, with ``--topology``,
-every rank gets a port in a generated peer file, :func:`free_ports`, and all start at once).
+group, all at once: ``peer-0`` is the bootstrap, on a port chosen by :func:`free_ports`,
+and the others ``--join`` it (or, with ``--topology``, every rank gets a port in a generated
+peer file).
 A fresh 32-byte swarm secret is written to a file readable only by the user and passed with
 ``--secret-file``; peer i trains on shard i (``--peers N --peer-index i``) and writes its
 stdout, stderr, address, final evaluation (and, with ``--save-model``, its model) into the
@@ -310,10 +311,10 @@ class Swarm:
         return peer
 
     async def start(self, stop: asyncio.Event) -> bool:
-        """Spawn every peer: with a peer file (``--topology``) all ranks at once, else the
-        bootstrap first and, once it listens, the others ``--join`` it; the last
-        ``--client-only`` K never listen. False if ``stop`` was set before the bootstrap
-        listened (then nothing else was started)."""
+        """Spawn every peer at once: with a peer file (``--topology``) every rank on its
+        port, else the bootstrap on a port chosen here and the others ``--join`` it (retrying
+        until it listens); the last ``--client-only`` K never listen. False if ``stop`` was
+        set before the bootstrap listened (the caller stops them all)."""
         args = self.args
         first_listening = args.client_only < args.peers
         listening = args.peers - args.client_only
@@ -327,14 +328,15 @@ class Swarm:
             for index in range(args.peers):
                 self.spawn(index, extras[index])
             return True
-        bootstrap = self.spawn(0, extras[0])
         assert first_listening
-        address = await wait_for_address(bootstrap, stop)
-        if address is None:
-            return False
+        # the bootstrap's port is chosen here, so the others start with it at once and join
+        # as soon as it listens (their --join retries until then) instead of waiting for it
+        # to start: a swarm is up in one peer's start-up time, not two
+        [port] = free_ports(1)
+        bootstrap = self.spawn(0, [*extras[0], "--port", str(port)])
         for index in range(1, args.peers):
-            self.spawn(index, [*extras[index], "--join", address])
-        return True
+            self.spawn(index, [*extras[index], "--join", f"127.0.0.1:{port}"])
+        return await wait_for_address(bootstrap, stop) is not None
 
     def signal_all(self, sig: int) -> None:
         if self.group is not None:
