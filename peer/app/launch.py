@@ -99,8 +99,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test metric is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --resume, --grace, --dir, --json, "
-        "--progress, "
+        epilog="Every option but --peers, --client-only, --resume, --grace, --no-centralized, "
+        "--dir, --json, --progress, "
         "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
         "Guide: docs/peer.md.",
     )
@@ -223,6 +223,12 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     )
     work.add_argument(
         "--steps", type=int, default=500, help="optimizer steps per peer (default %(default)s)"
+    )
+    work.add_argument(
+        "--no-centralized",
+        action="store_true",
+        help="do not train the centralized reference beside the swarm (one more model "
+        "trained on this machine: skip it for a large model; default: trained)",
     )
     add_privacy_flags(parser)
     out = parser.add_argument_group("output")
@@ -515,7 +521,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         reference = threading.Thread(
             target=lambda: baseline.append(_train_baseline(args, dataset, halt)), daemon=True
         )
-        reference.start()
+        if args.no_centralized:
+            baseline.append(CentralizedResult(error="not trained (--no-centralized)"))
+        else:
+            reference.start()
         interrupted = False
         failed: str | None = None
         try:
@@ -528,7 +537,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
             killed = swarm.stop(args.grace, say=lambda line: _say(prog, line))
             if killed:
                 _say(prog, _killed_line(killed, args.grace))
-        reference.join()
+        if not args.no_centralized:
+            reference.join()
         results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
         if logbook is not None:
             record_results(logbook, swarm, results)
