@@ -1,24 +1,21 @@
 """A practitioner's path with real processes: your own model file and an ``.npz`` data set
-from the command line, two peers started in the wrong order that still find each other,
-``--save-model``, and ``load_model`` giving back the accuracy the peer reported."""
+through ``launch --save-model``, ``export RUN`` and ``load_model``, which gives back the
+accuracy the run reported. (Peers started before the one they join find it: every launch
+starts them so, and tests/peer/test_rejoin.py checks it alone.)"""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "user-code-test-swarm-secret-0123456789"
 pytestmark = pytest.mark.slow
 
 MODEL_FILE = textwrap.dedent(
@@ -50,62 +47,6 @@ def _blobs(path: Path) -> None:
     centres = rng.standard_normal((3, 6)) * 3
     labels = np.arange(600) % 3
     np.savez(path, x=centres[labels] + rng.standard_normal((600, 6)), y=labels)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _peer(*args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "GOSSIPNET_SECRET": SECRET}
-    return subprocess.Popen(
-        [sys.executable, "-m", "gossipnet", "peer", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
-
-
-def test_own_model_and_npz_two_peers_in_the_wrong_order_save_and_load(tmp_path: Path) -> None:
-    model_file, data_file = tmp_path / "mymodel.py", tmp_path / "blobs.npz"
-    model_file.write_text(MODEL_FILE)
-    _blobs(data_file)
-    port = _free_port()
-    common = ["--model", f"{model_file}:Net", "--dataset", str(data_file), "--peers", "2",
-              "--steps", "60", "--status-every", "20", "--lr", "0.1", "--wait-for-peers", "1"]  # fmt: skip
-    # b starts first and joins a, which is not up yet: b retries until a listens
-    second = _peer("--id", "b", "--peer-index", "1", "--join", f"127.0.0.1:{port}",
-                   "--join-timeout-s", "90", "--eval-out", str(tmp_path / "b.eval.json"),
-                   "--save-model", str(tmp_path / "b.safetensors"), *common)  # fmt: skip
-    try:
-        time.sleep(2.0)
-        assert second.poll() is None, second.communicate()
-        first = _peer("--id", "a", "--peer-index", "0", "--port", str(port), *common)
-        try:
-            out_b, err_b = second.communicate(timeout=240)
-            _, err_a = first.communicate(timeout=120)
-        finally:
-            first.kill()
-    finally:
-        second.kill()
-    assert second.returncode == 0, err_b
-    assert first.returncode == 0, err_a
-    final = json.loads(out_b.strip().splitlines()[-1])
-    assert final["step"] == 60 and final["neighbours"] == ["a"] and final["bytes_in"] > 0
-    reported = json.loads((tmp_path / "b.eval.json").read_text())
-    assert reported["test_accuracy"] > 0.8  # three separable blobs, far above chance (1/3)
-
-    from peer.app.export import load_model
-    from workloads import load_dataset
-
-    namespace: dict[str, object] = {}
-    exec(compile(MODEL_FILE, str(model_file), "exec"), namespace)  # the user's own class
-    model = load_model(tmp_path / "b.safetensors", factory=namespace["Net"])  # type: ignore[arg-type]
-    data = load_dataset(str(data_file))  # the same held-out 20 % the peer evaluated on
-    with torch.no_grad():
-        accuracy = float((model(data.x_test).argmax(-1) == data.y_test).float().mean())
-    assert reported["test_samples"] == data.num_test == 120
-    assert accuracy == pytest.approx(reported["test_accuracy"], abs=1e-9)
 
 
 def test_launch_save_model_export_and_load_model_give_the_accuracy_the_run_reported(
