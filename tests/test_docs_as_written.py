@@ -4,6 +4,7 @@ counts its steps; docs/peer.md names the algorithms a peer runs, and no others."
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,41 @@ def test_the_by_hand_recipe_is_valid_and_no_peer_trains_alone(
         args, _config = parse_peer_args(command[2:], raise_errors=True)
         assert args.wait_for_peers == len(commands) - 1, command
         assert args.num_peers == len(commands)
+
+
+def _command_lines(command: str) -> list[tuple[str, list[str]]]:
+    """Every ``gossipnet COMMAND ...`` line of the README and docs/ (continuation lines
+    joined, comments, placeholders ``...``, shell ``&`` and ``$VARIABLES`` dropped): (where, argv)."""
+    found = []
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text().replace("\\\n", " ")
+        for number, line in enumerate(text.splitlines(), 1):
+            match = re.match(rf"\s*(?:\$ )?gossipnet {command} (.*)", line)
+            if match is None or "`" in match.group(1):
+                continue  # a command quoted inside prose
+            words = shlex.split(match.group(1).split(" #")[0])
+            argv = [w for w in words if w not in ("...", "&") and not w.startswith("$")]
+            found.append((f"{path.relative_to(ROOT)}:{number}", argv))
+    return found
+
+
+@pytest.mark.parametrize("command", ["launch", "peer"])
+def test_every_launch_and_peer_line_in_the_docs_parses_as_written(command: str) -> None:
+    """Each documented ``gossipnet launch``/``peer`` line is read by the command's own
+    parser: a renamed or removed flag in a doc fails here, naming the line."""
+    from peer.app.launch import _parser
+    from peer.app.peer_flags import peer_parser
+
+    lines = _command_lines(command)
+    assert len(lines) >= 5
+    for where, argv in lines:
+        parser = (
+            _parser("gossipnet launch", False)
+            if command == "launch"
+            else peer_parser("gossipnet peer", raise_errors=True)
+        )
+        assert "--num-peers" not in argv, f"{where}: --num-peers is deprecated; write --peers"
+        try:
+            parser.parse_args(argv)
+        except (SystemExit, Exception) as error:  # argparse's exit, or the one-line error
+            pytest.fail(f"{where}: gossipnet {command} {shlex.join(argv)}: {error}")
