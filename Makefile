@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 --dist load
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 # The paper-length reproductions (tests marked `reproduce`, left out of `make test`; the
 # last results, commands and wall times are in docs/reproductions.md).
