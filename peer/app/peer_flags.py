@@ -247,6 +247,13 @@ def add_privacy_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--dp-accountant", choices=ACCOUNTANTS, help="Opacus' rdp (default) or prv accountant"
     )
+    group.add_argument(
+        "--dp-seeded",
+        action="store_true",
+        help="draw the noise and the Poisson batches from --seed, as the simulator does (same "
+        "seed, same noise: reproducible runs; anyone who knows the seed can subtract the "
+        "noise; default: off, each peer draws a secret key from the OS at start)",
+    )
 
 
 def privacy_config(args: argparse.Namespace) -> PrivacyConfig | None:
@@ -259,6 +266,11 @@ def privacy_config(args: argparse.Namespace) -> PrivacyConfig | None:
         if getattr(args, f"dp_{name}", None) is not None
     }
     if not given:
+        if getattr(args, "dp_seeded", False):
+            raise ValueError(
+                "--dp-seeded: applies to DP-SGD only; allowed with --dp-clip and --dp-noise "
+                "or --dp-epsilon"
+            )
         return None
     if not {"noise", "clip", "epsilon"} & set(given):
         first = next(iter(given))

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import secrets
 import signal
 import sys
 import time
@@ -58,7 +59,9 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
     model = build_model(args.model, data.input_shape, data.num_classes, seed=args.seed)
     check_fit(model, data, args.model, args.dataset)
     optimizer = check_optimizer_flags(args).torch_optimizer
-    privacy = _privacy(args, [len(shard) for shard in shards])
+    # DP-SGD's noise and Poisson draws: keyed by a secret from the OS unless --dp-seeded
+    noise_key = args.seed if getattr(args, "dp_seeded", False) else secrets.randbits(62)
+    privacy = _privacy(args, [len(shard) for shard in shards], noise_key)
     batches = (
         peer_batches(
             data,
@@ -69,7 +72,7 @@ def build_peer(args: argparse.Namespace, config: PeerConfig) -> tuple[Peer, Data
         )
         if privacy is None or privacy.config.sampling == "fixed"
         else poisson_batches(
-            data, shards[args.peer_index], args.batch_size, seed=args.seed, peer=args.peer_index
+            data, shards[args.peer_index], args.batch_size, seed=noise_key, peer=args.peer_index
         )
     )
     try:  # checked when a peer is built; named by flag here
@@ -101,10 +104,11 @@ def check_fit(model: torch.nn.Module, data: Dataset, model_spec: str, dataset_sp
         ) from None
 
 
-def _privacy(args: argparse.Namespace, sizes: list[int]) -> PrivateTraining | None:
+def _privacy(args: argparse.Namespace, sizes: list[int], key: int) -> PrivateTraining | None:
     """DP-SGD as the ``--dp-*`` flags say (None without them). σ is ``--dp-noise``, or the
     one that reaches ``--dp-epsilon`` in ``--steps`` at the largest sampling rate of any
-    shard (the simulator's choice too, so both runners of one run use one σ)."""
+    shard (the simulator's choice too, so both runners of one run use one σ). ``key`` keys
+    the noise: a secret, or ``--seed`` with ``--dp-seeded``."""
     config = privacy_config(args)
     if config is None:
         return None
@@ -120,7 +124,7 @@ def _privacy(args: argparse.Namespace, sizes: list[int]) -> PrivateTraining | No
         noise_multiplier=noise,
         sample_rate=float(rates[args.peer_index]),
         batch_size=args.batch_size,
-        seed=args.seed,
+        seed=key,
         peer=args.peer_index,
         max_steps=args.steps or None,
     )

@@ -231,6 +231,8 @@ def peer_flags(
         value = getattr(args, name, None)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
+    if getattr(args, "dp_seeded", False):
+        flags.append("--dp-seeded")
     flags += [
         "--id", f"peer-{index}", "--peers", str(args.peers), "--peer-index", str(index),
         "--progress", "lines",

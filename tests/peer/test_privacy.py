@@ -128,6 +128,7 @@ async def test_a_peer_stops_training_at_its_budget_loudly(caplog: pytest.LogCapt
         (["--dp-epsilon", "2", "--dp-clip", "1"], "--dp-epsilon: without --dp-noise it picks"),
         (["--dp-noise", "1", "--dp-clip", "1", "--dp-sampling", "x"], "--dp-sampling: invalid"),
         (["--dp-noise", "1", "--dp-clip", "1", "--dp-accountant", "prv"], "prv needs the run's"),
+        (["--dp-seeded"], "--dp-seeded: applies to DP-SGD only"),
     ],
 )
 def test_bad_dp_flags_exit_2_with_one_line(
@@ -172,3 +173,23 @@ def test_launch_with_dp_shows_each_peers_opacus_epsilon_and_stops_at_the_budget(
     for index in (0, 1):
         log = (tmp_path / f"peer-{index}.err").read_text()
         assert "privacy budget: stopped training at step 4" in log
+
+
+def test_a_peers_noise_key_is_a_secret_unless_dp_seeded() -> None:
+    """Neighbours know the swarm's --seed: by default a peer keys its noise and its Poisson
+    draws by a secret from the OS (two peers built from the same flags differ); with
+    --dp-seeded by --seed, as the simulator does."""
+    from peer.app.cli import parse_peer_args
+    from peer.app.run import build_peer
+
+    flags = ["--id", "a", "--dataset", "synthetic:num_samples=200,seed=0", "--model",
+             "logistic", "--seed", "7", "--dp-noise", "1", "--dp-clip", "1"]  # fmt: skip
+    keys = []
+    for extra in ([], [], ["--dp-seeded"]):
+        args, config = parse_peer_args([*flags, *extra], raise_errors=True)
+        peer, _ = build_peer(args, config)
+        assert peer.privacy is not None
+        keys.append(peer.privacy.seed)
+    secret, other, seeded = keys
+    assert secret != other and 7 not in (secret, other)
+    assert seeded == 7
