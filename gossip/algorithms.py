@@ -58,8 +58,9 @@ simulator; as a neighbour table a matching is ``k = 1`` with weight ``1/2``, so
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -160,6 +161,32 @@ class GossipAlgorithm(Protocol[StateT]):
 def _check_model(x: Tensor) -> None:
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise ValueError(f"x must be a floating-point tensor of shape [*, d], got {x!r:.60}")
+
+
+def fraction(value: Any, *, open_low: bool = False, open_high: bool = False) -> float:
+    """``value`` as a float in [0, 1] with the ends ``open_low``/``open_high`` left out (a
+    step size, a decay); else ``ValueError("must be in (0, 1]; got ...")``. The one range
+    check of the settings (:mod:`gossip.settings`) and the rules that take them."""
+    bracket = ("(" if open_low else "[") + "0, 1" + (")" if open_high else "]")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or value > 1
+        or (open_low and value == 0)
+        or (open_high and value == 1)
+    ):
+        raise ValueError(f"must be in {bracket}; got {value!r}")
+    return float(value)
+
+
+def _named(name: str, value: Any, **ends: bool) -> float:
+    """:func:`fraction` whose error names the argument (``consensus_step must be in ...``)."""
+    try:
+        return fraction(value, **ends)
+    except ValueError as error:
+        raise ValueError(f"{name} {error}") from None
 
 
 def _compressor(compressor: Compressor | None) -> Compressor:
@@ -476,10 +503,7 @@ class Choco:
         order: Order = "adapt-then-combine",
         local_steps: int = 1,
     ) -> None:
-        gamma = consensus_step
-        if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
-            raise ValueError(f"consensus_step must be in (0, 1], got {gamma!r}")
-        self.consensus_step = float(gamma)
+        self.consensus_step = _named("consensus_step", consensus_step, open_low=True)
         self.plan = RoundPlan(order, local_steps)
         self.compressor = _compressor(compressor)
         self.aggregator: Aggregator = WeightedMean()

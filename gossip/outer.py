@@ -76,7 +76,7 @@ import torch
 from torch import Tensor
 
 from consensus import Aggregator
-from gossip.algorithms import RoundPlan, _aggregator, _check_model, _compressor
+from gossip.algorithms import RoundPlan, _aggregator, _check_model, _compressor, _named
 from gossip.compression import Compressor
 from topologies.spec_grammar import parse_spec, typed_value
 
@@ -414,10 +414,7 @@ class SparseLoCo(DiLoCo):
         aggregator: Aggregator | None = None,
         compressor: Compressor | None = None,
     ) -> None:
-        beta = error_feedback
-        if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta < 1:
-            raise ValueError(f"error_feedback must be in [0, 1); got {beta!r}")
-        self.error_feedback = float(beta)
+        self.error_feedback = _named("error_feedback", error_feedback, open_high=True)
         super().__init__(
             local_steps=local_steps,
             outer_optimizer=outer_optimizer,
@@ -496,10 +493,7 @@ class NoLoCo(DiLoCo):
             _, options = check_outer_optimizer(outer_optimizer, heavy_ball=True)
         except ValueError as error:
             raise ValueError(f"outer_optimizer: {error}") from None
-        gamma = consensus_step
-        if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
-            raise ValueError(f"consensus_step must be in (0, 1]; got {gamma!r}")
-        self.consensus_step = float(gamma)
+        self.consensus_step = _named("consensus_step", consensus_step, open_low=True)
         self._pull = self.consensus_step / options["lr"]
         super().__init__(
             local_steps=local_steps,

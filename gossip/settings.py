@@ -25,13 +25,12 @@ experiment file, ``--consensus-step`` on a command line) without reading the mes
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import consensus
-from gossip.algorithms import ORDERS
+from gossip.algorithms import ORDERS, fraction
 from gossip.compression import build_compressor
 from gossip.outer import check_outer_optimizer
 
@@ -185,25 +184,11 @@ def _outer_optimizer(value: Any, algorithm: str) -> str:
 
 
 def _error_feedback(value: Any, algorithm: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 <= value < 1
-    ):
-        raise ValueError(f"must be in [0, 1); got {value!r}")
-    return float(value)
+    return fraction(value, open_high=True)
 
 
 def _consensus_step(value: Any, algorithm: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= 1
-    ):
-        raise ValueError(f"must be in (0, 1]; got {value!r}")
-    return float(value)
+    return fraction(value, open_low=True)
 
 
 SETTINGS: tuple[Setting, ...] = (
