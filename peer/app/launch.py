@@ -518,12 +518,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         swarm = Swarm(args, directory)
         baseline: list[CentralizedResult] = []
         halt = threading.Event()
-        reference = threading.Thread(
-            target=lambda: baseline.append(_train_baseline(args, dataset, halt)), daemon=True
-        )
+        reference = None
         if args.no_centralized:
             baseline.append(CentralizedResult(error="not trained (--no-centralized)"))
         else:
+            reference = threading.Thread(
+                target=lambda: baseline.append(_train_baseline(args, dataset, halt)), daemon=True
+            )
             reference.start()
         interrupted = False
         failed: str | None = None
@@ -537,7 +538,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
             killed = swarm.stop(args.grace, say=lambda line: _say(prog, line))
             if killed:
                 _say(prog, _killed_line(killed, args.grace))
-        if not args.no_centralized:
+        if reference is not None:
             reference.join()
         results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
         if logbook is not None:
