@@ -31,6 +31,7 @@ from workloads.batching import StackedBatchSampler
 from workloads.optimizers import LocalOptimizer, attach_schedule
 
 if TYPE_CHECKING:
+    from sim.audit import SimAudit
     from sim.privacy import SimPrivacy
 
 BYTES_PER_FLOAT32 = 4
@@ -100,6 +101,9 @@ class Context:
     privacy: SimPrivacy | None = None
     """DP-SGD (an experiment's ``[privacy]``): it draws the batches (Poisson sampling) and
     :class:`~sim.batched.BatchedPeers` takes their private gradients."""
+    audit: SimAudit | None = None
+    """Privacy audits (an experiment's ``[audit]``, :mod:`sim.audit`), run on the models the
+    last round leaves; :func:`sim.runner.run` puts their results in the last record."""
 
     def __post_init__(self) -> None:
         if self.step_count.shape != (self.n,):

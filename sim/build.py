@@ -339,4 +339,19 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     evaluation = Evaluation(
         data.x_test, data.y_test, seed=config.seed, groups=groups, task=data.task
     )
+    if config.audit is not None:
+        from sim.audit import SimAudit
+
+        try:
+            ctx.audit = SimAudit(
+                config.audit,
+                parts,
+                data.x_test,
+                data.y_test,
+                input_shape=data.input_shape,
+                template=peers.template,
+                seed=config.seed,
+            )
+        except ValueError as error:
+            raise ConfigError(f"audit.{error}") from None
     return algorithm, ctx, evaluation

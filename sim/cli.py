@@ -246,6 +246,27 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
     console.print(table)
 
 
+def _audit_lines(runs: dict[str, list[Record]]) -> None:
+    """One line per audited run (``[audit]``): the attacks' results, mean over the honest
+    peers and the worst peer."""
+    for name, records in runs.items():
+        last = records[-1]
+        parts = []
+        if last.membership_auc is not None:
+            parts.append(
+                f"membership AUC {last.membership_auc:.3f} (worst peer "
+                f"{last.membership_auc_max:.3f}), advantage {last.membership_advantage:.3f} "
+                f"(worst peer {last.membership_advantage_max:.3f})"
+            )
+        if last.reconstruction_cosine is not None:
+            parts.append(
+                f"reconstruction cosine {last.reconstruction_cosine:.3f} (worst peer "
+                f"{last.reconstruction_cosine_max:.3f})"
+            )
+        if parts:
+            print(f"audit: {name}: " + "; ".join(parts))
+
+
 def _executor(args: argparse.Namespace) -> Executor:
     if args.ray is not None:
         executor = RayExecutor(args.ray)
@@ -319,6 +340,7 @@ def _compare(args: argparse.Namespace) -> int:
     runs = outcome.runs()
     if runs:
         _table(runs, first=axis.name)
+        _audit_lines(runs)
     output = plan.points[0].config.output if plan.points else None
     jsonl = args.jsonl or (Path(output.jsonl) if output and output.jsonl else None)
     csv = args.csv or (Path(output.csv) if output and output.csv else None)
@@ -401,6 +423,7 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim") -> int:
         # bad input found while parsing, planning, building or running
         parser.error(str(error))
     _table(runs)
+    _audit_lines(runs)
     output = config.output
     jsonl = args.jsonl or (Path(output.jsonl) if output.jsonl else None)
     csv = args.csv or (Path(output.csv) if output.csv else None)

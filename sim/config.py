@@ -104,6 +104,11 @@ A complete file (every key optional except where noted)::
     sampling = "poisson"           # or "fixed" (the run's batches; Poisson analysis then loose)
     accountant = "rdp"             # or "prv"
 
+    [audit]                        # privacy audits after the last round (docs/privacy.md)
+    membership = true              # loss-threshold membership inference, per honest peer
+    members = 100                  # members (and non-members) per peer; default: smallest shard
+    reconstruction = true          # input recovered from a one-step delta of a batch of one
+
     [output]
     jsonl = "run.jsonl"
     csv = "run.csv"
@@ -133,6 +138,7 @@ from gossip.settings import SETTING_NAMES, setting_fields
 from sim.algorithms import (
     OptimizerConfig,
 )
+from sim.audit import AuditConfig
 from sim.groups import members_of, parse_groups, peer_label_sets
 from sim.network import COMPUTE_DISTRIBUTIONS, Crash
 from sim.paths import resolve_experiment_paths
@@ -642,6 +648,7 @@ class ExperimentConfig:
     graph: GraphConfig | None = None
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     privacy: PrivacyConfig | None = None
+    audit: AuditConfig | None = None
 
     def __post_init__(self) -> None:
         _int("seed", self.seed, 0)
@@ -824,6 +831,7 @@ _SECTIONS: dict[str, type] = {
     "output": OutputConfig,
     "graph": GraphConfig,
     "privacy": PrivacyConfig,
+    "audit": AuditConfig,
 }
 
 
@@ -907,8 +915,8 @@ def experiment_from_dict(
     top = _known("", {k: v for k, v in data.items() if k != NAMED_RUNS}, ExperimentConfig)
     top = resolve_experiment_paths(top, Path(".") if base_dir is None else Path(base_dir))
     for section, cls in _SECTIONS.items():
-        if section == "privacy" and top.get(section, {}) is None:
-            continue  # no DP-SGD, as ``dataclasses.asdict`` writes it
+        if section in ("privacy", "audit") and top.get(section, {}) is None:
+            continue  # no DP-SGD, no audit, as ``dataclasses.asdict`` writes them
         if section in top:
             table = top[section]
             if not isinstance(table, Mapping):
@@ -944,7 +952,7 @@ def experiment_from_dict(
             except ValueError as error:
                 if isinstance(error, ConfigError):
                     raise
-                if section == "privacy":  # "noise: ..." -> "privacy.noise: ..."
+                if section in ("privacy", "audit"):  # "noise: ..." -> "privacy.noise: ..."
                     raise ConfigError(f"{section}.{error}") from None
                 raise _fail(section, str(error)) from None
     return ExperimentConfig(**top)

@@ -18,6 +18,7 @@ All model metrics are over the honest peers only (Byzantine peers' own models do
   ``None`` (an empty cell in CSV, null in JSON);
 - a DP-SGD run's records (``[privacy]``, :data:`PRIVACY_COLUMNS`) also have ``epsilon`` and
   ``privacy_stopped_at``;
+- the last record of a run with ``[audit]`` has the audits' results (:data:`AUDIT_COLUMNS`);
 - ``group_metrics``: when the experiment names groups of peers (``[groups]``), each group's
   accuracy, worst member, inner consensus distance, accuracy on each group's classes and
   distance to the other groups, under flat keys ``group/<name>/<metric>[/<other group>]``
@@ -77,6 +78,12 @@ class Record:
     peer_bits_per_byte_worst: float | None = None
     epsilon: float | None = None
     privacy_stopped_at: int | None = None
+    membership_auc: float | None = None
+    membership_auc_max: float | None = None
+    membership_advantage: float | None = None
+    membership_advantage_max: float | None = None
+    reconstruction_cosine: float | None = None
+    reconstruction_cosine_max: float | None = None
 
     def __post_init__(self) -> None:
         given = [getattr(self, name) is not None for name in LANGUAGE_MODEL_COLUMNS]
@@ -126,6 +133,9 @@ class Record:
             row.update({name: getattr(self, name) for name in LANGUAGE_MODEL_COLUMNS})
         if self.epsilon is not None:
             row.update({name: getattr(self, name) for name in PRIVACY_COLUMNS})
+        row.update(
+            {name: getattr(self, name) for name in AUDIT_COLUMNS if getattr(self, name) is not None}
+        )
         row.update(self.group_metrics)
         return row
 
@@ -169,7 +179,18 @@ PRIVACY_COLUMNS = ("epsilon", "privacy_stopped_at")
 """The columns only a DP-SGD run's records have (``[privacy]``, :mod:`sim.privacy`): ε at the
 table's δ after the steps so far (the largest of any peer), and the round before which the run
 stopped because one more would have passed the target ε (on every record of such a run)."""
-OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS
+AUDIT_COLUMNS = (
+    "membership_auc",
+    "membership_auc_max",
+    "membership_advantage",
+    "membership_advantage_max",
+    "reconstruction_cosine",
+    "reconstruction_cosine_max",
+)
+"""The columns of a run with ``[audit]`` (:mod:`sim.audit`), on its last record only: the
+membership-inference attack's ROC AUC and advantage, and the batch-of-one reconstruction's
+cosine similarity, each the mean over the honest peers and (``_max``) the worst peer's."""
+OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + AUDIT_COLUMNS
 
 COLUMNS = tuple(
     f.name for f in fields(Record) if f.name != "group_metrics" and f.name not in OPTIONAL_COLUMNS
@@ -179,15 +200,19 @@ COLUMNS = tuple(
 
 def columns(records: Iterable[Record]) -> tuple[str, ...]:
     """:data:`COLUMNS`, :data:`LANGUAGE_MODEL_COLUMNS` when a record is a language model's,
-    :data:`PRIVACY_COLUMNS` when one is a DP-SGD run's, then every group-metric key of ``records`` in the order first seen."""
+    :data:`PRIVACY_COLUMNS` when one is a DP-SGD run's, the :data:`AUDIT_COLUMNS` a record has,
+    then every group-metric key of ``records`` in the order first seen."""
     seen: dict[str, None] = {}
     language = private = False
+    audits: list[set[str]] = []
     for record in records:
+        audits.append({name for name in AUDIT_COLUMNS if getattr(record, name) is not None})
         language = language or record.test_bits_per_byte is not None
         private = private or record.epsilon is not None
         seen.update(dict.fromkeys(record.group_metrics))
     optional = (LANGUAGE_MODEL_COLUMNS if language else ()) + (PRIVACY_COLUMNS if private else ())
-    return COLUMNS + optional + tuple(seen)
+    audited = tuple(name for name in AUDIT_COLUMNS if any(name in row for row in audits))
+    return COLUMNS + optional + audited + tuple(seen)
 
 
 def group_rows(records: Iterable[Record]) -> list[dict[str, Any]]:

@@ -3,7 +3,9 @@
 A run whose honest models stop being finite ends at that round (:mod:`sim.divergence`): the
 records evaluated before it are returned, each marked ``diverged_at``. A DP-SGD run (``[privacy]``,
 :mod:`sim.privacy`) records ε in every record and ends, with a warning, before the round that
-would take it past the target ε: every record is marked ``privacy_stopped_at``.
+would take it past the target ε: every record is marked ``privacy_stopped_at``. A run with
+``[audit]`` (:mod:`sim.audit`) attacks the models it ends with and puts the results in its last
+record (:data:`sim.metrics.AUDIT_COLUMNS`); a run that diverged is not audited.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from torch import Tensor
@@ -104,6 +107,9 @@ def run(
     if stopped is not None:
         records = [dataclasses.replace(record, privacy_stopped_at=stopped) for record in records]
     if divergence is None:
+        if ctx.audit is not None:  # the attacks on the models the run ends with
+            columns: dict[str, Any] = ctx.audit.measure(algorithm, ctx).columns()
+            records[-1] = dataclasses.replace(records[-1], **columns)
         return records
     if on_diverge is not None:
         on_diverge(divergence)
