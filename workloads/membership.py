@@ -16,8 +16,9 @@ model's training data) when the model's loss on it is low: the score of an examp
 
 Both take scores with any leading batch (``[..., M]`` and ``[..., N]``), so the simulator
 scores all its peers in one call and a single peer its own row. Under (ε, δ)-DP of the
-training data the advantage is at most ``e^ε − 1 + δ`` (Yeom et al., Theorem 1), so a model
-trained with a small ε must score close to chance.
+training data any test's ``TPR − FPR`` is at most ``(e^ε − 1 + 2δ) / (e^ε + 1)`` (DP as
+hypothesis testing: Kairouz, Oh & Viswanath 2015), so a model trained with a small ε must
+score close to chance.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import torch
 from sim.build import build
 from sim.cli import main as sim_main
 from sim.config import ConfigError, experiment_from_dict
+from sim.metrics import read_jsonl
 from sim.runner import run
 from workloads.membership import membership_advantage, roc_auc
 from workloads.reconstruction import cosine_similarity
@@ -136,3 +137,4 @@ def test_sim_run_with_an_audit_prints_and_writes_its_results(
     assert 0.0 <= last["membership_advantage"] <= last["membership_advantage_max"] <= 1.0
     assert last["reconstruction_cosine"] > 0.99
     assert f"membership AUC {last['membership_auc']:.3f}" in line
+    assert read_jsonl(jsonl)[-1].membership_auc == last["membership_auc"]  # read back
