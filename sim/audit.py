@@ -178,7 +178,8 @@ class SimAudit:
             results["reconstruction_cosine"] = self.reconstruction.measure(
                 peers.template,
                 peers.buffers,
-                peers.layout.unflatten(models),
+                peers.layout,
+                models,
                 peers.loss,
                 ids,
                 ctx.x_train,

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
+from gossip.flat import ParameterLayout
 from workloads.privacy import clipped_sum, gaussian_noise, per_sample_gradients, privatize
 from workloads.reconstruction import cosine_similarity, reconstruct_input
 
@@ -54,7 +55,8 @@ class ReconstructionAudit:
         self,
         template: nn.Module,
         buffers: dict[str, Tensor],
-        views: dict[str, Tensor],
+        layout: ParameterLayout,
+        models: Tensor,
         loss: Loss,
         peers: Tensor,
         x_train: Tensor,
@@ -65,19 +67,19 @@ class ReconstructionAudit:
     ) -> Tensor:
         """Per-peer ``|cos|`` ``[k]`` of the input recovered from each model's one-step delta.
 
-        ``views {name: [k, ...]}``: the models' parameters (trainable first, in the layout's
-        order), row r being peer ``peers[r]``'s; ``privacy``: ``(σ, C, step)`` for DP-SGD's
-        step, or None for plain SGD."""
-        names = list(views)
-        trainable = [name for name in names if template.get_parameter(name).requires_grad]
-        fixed_names = [name for name in names if name not in trainable]
+        ``models [k, d]`` (in ``layout``), row r being peer ``peers[r]``'s; ``privacy``:
+        ``(σ, C, step)`` for DP-SGD's step, or None for plain SGD (``Δ = −η g``: no momentum
+        history, no weight decay)."""
+        views = layout.unflatten(models)
+        trainable = [e.name for e in layout.entries if e.kind == "parameter"]
+        frozen = [e.name for e in layout.entries if e.kind != "parameter"]
         index = self.examples[peers.cpu()].to(x_train.device)
         x = x_train[index].unsqueeze(1)  # [k, 1, ...]: a batch of one per peer
         y = y_train[index].unsqueeze(1)
 
         def one_peer(params: dict[str, Tensor], xs: Tensor, ys: Tensor) -> Tensor:
             ordered = {name: params[name] for name in trainable}
-            fixed = {**buffers, **{name: params[name] for name in fixed_names}}
+            fixed = {**buffers, **{name: params[name] for name in frozen}}
             per_sample, _ = per_sample_gradients(template, ordered, fixed, loss, xs, ys)
             if privacy is None:
                 return per_sample.sum(dim=0)
@@ -95,16 +97,10 @@ class ReconstructionAudit:
                 self.seed, peers.to(gradient.device), step, gradient.shape[1], dtype=gradient.dtype
             )
             gradient = privatize(gradient, noise, noise_multiplier=sigma, clip=clip, batch_size=1)
-        delta = -lr * gradient
-        weight, bias = self.layer
-        offsets: dict[str, tuple[int, int]] = {}
-        offset = 0
-        for name in trainable:
-            size = views[name][0].numel()
-            offsets[name] = (offset, offset + size)
-            offset += size
-        rows = views[weight].shape[1]
-        weight_delta = delta[:, slice(*offsets[weight])].reshape(delta.shape[0], rows, -1)
-        bias_delta = delta[:, slice(*offsets[bias])]
-        recovered = reconstruct_input(weight_delta, bias_delta)
+        delta = -lr * gradient  # the trainable parameters lead the layout, in its order
+        entries = {e.name: e for e in layout.entries}
+        weight, bias = (entries[name] for name in self.layer)
+        weight_delta = delta[:, weight.offset : weight.offset + weight.numel]
+        bias_delta = delta[:, bias.offset : bias.offset + bias.numel]
+        recovered = reconstruct_input(weight_delta.unflatten(1, weight.shape), bias_delta)
         return cosine_similarity(recovered, x.flatten(2)[:, 0]).abs()
