@@ -77,6 +77,8 @@ class Record:
     peer_bits_per_byte_worst: float | None = None
     epsilon: float | None = None
     privacy_stopped_at: int | None = None
+    epsilon_pair: float | None = None
+    epsilon_pair_muffliato: float | None = None
 
     def __post_init__(self) -> None:
         given = [getattr(self, name) is not None for name in LANGUAGE_MODEL_COLUMNS]
@@ -126,6 +128,8 @@ class Record:
             row.update({name: getattr(self, name) for name in LANGUAGE_MODEL_COLUMNS})
         if self.epsilon is not None:
             row.update({name: getattr(self, name) for name in PRIVACY_COLUMNS})
+        if self.epsilon_pair is not None:
+            row.update({name: getattr(self, name) for name in PAIR_COLUMNS})
         row.update(self.group_metrics)
         return row
 
@@ -169,7 +173,11 @@ PRIVACY_COLUMNS = ("epsilon", "privacy_stopped_at")
 """The columns only a DP-SGD run's records have (``[privacy]``, :mod:`sim.privacy`): ε at the
 table's δ after the steps so far (the largest of any peer), and the round before which the run
 stopped because one more would have passed the target ε (on every record of such a run)."""
-OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS
+PAIR_COLUMNS = ("epsilon_pair", "epsilon_pair_muffliato")
+"""The columns of a DP-SGD run with ``[privacy] pair = [u, v]`` (:mod:`sim.pair_privacy`): ε
+of u's data against v's view (a guarantee), and the Muffliato paper's sum for the same pair
+(for comparison, not a guarantee), each at most ``epsilon``."""
+OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + PAIR_COLUMNS
 
 COLUMNS = tuple(
     f.name for f in fields(Record) if f.name != "group_metrics" and f.name not in OPTIONAL_COLUMNS
@@ -181,12 +189,14 @@ def columns(records: Iterable[Record]) -> tuple[str, ...]:
     """:data:`COLUMNS`, :data:`LANGUAGE_MODEL_COLUMNS` when a record is a language model's,
     :data:`PRIVACY_COLUMNS` when one is a DP-SGD run's, then every group-metric key of ``records`` in the order first seen."""
     seen: dict[str, None] = {}
-    language = private = False
+    language = private = pair = False
     for record in records:
         language = language or record.test_bits_per_byte is not None
         private = private or record.epsilon is not None
+        pair = pair or record.epsilon_pair is not None
         seen.update(dict.fromkeys(record.group_metrics))
     optional = (LANGUAGE_MODEL_COLUMNS if language else ()) + (PRIVACY_COLUMNS if private else ())
+    optional += PAIR_COLUMNS if pair else ()
     return COLUMNS + optional + tuple(seen)
 
 
