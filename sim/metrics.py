@@ -175,7 +175,7 @@ table's δ after the steps so far (the largest of any peer), and the round befor
 stopped because one more would have passed the target ε (on every record of such a run)."""
 PAIR_COLUMNS = ("epsilon_pair", "epsilon_pair_muffliato")
 """The columns of a DP-SGD run with ``[privacy] pair = [u, v]`` (:mod:`sim.pair_privacy`): ε
-of u's data against v's view (a guarantee), and the Muffliato paper's sum for the same pair
+of u's data against v's exact view (workloads.network_privacy), and the Muffliato paper's sum for the same pair
 (for comparison, not a guarantee), each at most ``epsilon``."""
 OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + PAIR_COLUMNS
 

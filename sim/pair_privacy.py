@@ -4,8 +4,9 @@
 mixing matrix W, the gossip steps K, the local steps H, SGD's momentum, σ and δ) and gives,
 after r rounds, the two columns of a record (docs/privacy.md, "Noisy gossip (Muffliato)"):
 
-* ``epsilon_pair``: ``min(local ε, ε of v's exact view)`` (:func:`view_coefficient`), a
-  guarantee for u's data against v;
+* ``epsilon_pair``: ``min(local ε, ε of v's exact view)`` (:func:`view_coefficient`), the
+  account of u's data against v (under the linear model :mod:`workloads.network_privacy`
+  states);
 * ``epsilon_pair_muffliato``: ``min(local ε, ε of the paper's sum)``
   (:func:`muffliato_coefficient`), for comparison with Cyffers et al. (2022); it ignores
   that the messages share their noise, and can be below what v's view really allows.

@@ -52,7 +52,12 @@ Interpretations and Renyi Differential Privacy", Theorem 21), over :data:`ORDERS
 What the linear model assumes: the update is linear in the noisy steps (SGD, with momentum
 or Nesterov momentum, a constant learning rate, no weight decay), the adapt-then-combine
 order (combine-then-adapt sends a subset of the same messages, so the bound holds for it
-too), and every message arrives (W as given).
+too), and every message arrives (W as given). Like the paper's analysis of Muffliato-GD and
+the linear-systems analyses after it, it treats the noise-free part of every other node's
+step as known to v (fixed inputs of the linear map): exact for gossip averaging of fixed
+values; for training, where the other nodes' gradients depend on noise v has not seen, it
+is the model's account, not a theorem about every nonlinear loss. The local ε needs no such
+assumption.
 """
 
 from __future__ import annotations
