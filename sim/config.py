@@ -751,6 +751,13 @@ class ExperimentConfig:
                 "the pairwise account models D-PSGD with the mean and no compressor "
                 "(algorithm dpsgd); remove pair",
             )
+        b = self.byzantine
+        if self.network.message_loss or self.network.crashes or b.count or b.chosen:
+            raise _fail(
+                "privacy.pair",
+                "the pairwise account assumes every message arrives from an honest peer "
+                "(no message_loss, crashes or Byzantine peers); remove pair",
+            )
         o = self.optimizer
         if o.name != "sgd" or o.schedule != "constant" or o.weight_decay or o.clip_norm:
             raise _fail(

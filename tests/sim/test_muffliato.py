@@ -86,14 +86,18 @@ def test_records_carry_the_pair_epsilon_of_the_account(tmp_path: Path) -> None:
         ({"compressor": "fp16"}, {"pair": [0, 1]}, "privacy.pair: the pairwise account models"),
         ({"name": "local-sgd"}, {"pair": [0, 1]}, "privacy.pair: the pairwise account models"),
         ({"gossip_steps": 0}, {}, "algorithm.gossip_steps: must be an integer >= 1; got 0"),
+        ({"lossy": True}, {"pair": [0, 1]}, "privacy.pair: the pairwise account assumes every"),
         ({"name": "choco", "gossip_steps": 2}, {}, "gossip_steps"),
     ],
 )
 def test_bad_values_are_one_line_naming_the_key(
     tmp_path: Path, algorithm: dict, privacy: dict, message: str
 ) -> None:
+    table = experiment(tmp_path, {k: v for k, v in algorithm.items() if k != "lossy"}, **privacy)
+    if algorithm.get("lossy"):
+        table["network"] = {"message_loss": 0.1}
     with pytest.raises(ConfigError) as info:
-        experiment_from_dict(experiment(tmp_path, algorithm, **privacy))
+        experiment_from_dict(table)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
