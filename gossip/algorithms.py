@@ -44,6 +44,10 @@ The plan says when gradients are taken, when the optimizer steps and when to exc
     combine-then-adapt, H local steps:  gradient, exchange, step, (gradient, step) * (H - 1)
     H = 0 (pure gossip/consensus):      exchange
 
+With K gossip steps (``gossip_steps``, D-PSGD) each ``exchange`` above is K exchanges in a
+row, each a full round of messages (``x <- W x`` K times): Muffliato's "noise once, then K
+gossip steps" (Cyffers et al., NeurIPS 2022, Algorithm 3 with K plain gossip steps).
+
 A runner iterates ``plan.phases()`` each round and does exactly that; it never branches on
 the algorithm. The local optimizer is any torch optimizer: a peer gives it
 ``FlatParameters.parameter``; the simulator gives it one ``[n, d]`` parameter, which for
@@ -102,10 +106,13 @@ class RoundPlan:
             gradient to the mixed model, as in Lian et al. 2017, Algorithm 1).
         local_steps: optimizer steps per exchange, H >= 0 (H > 1 is local SGD; 0 = gossip
             only, no training).
+        gossip_steps: exchanges in a row where the plan exchanges, K >= 1 (K > 1: several
+            gossip steps after one local step, as in Muffliato).
     """
 
     order: Order = "adapt-then-combine"
     local_steps: int = 1
+    gossip_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -113,15 +120,20 @@ class RoundPlan:
         steps = self.local_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"local_steps must be an int >= 0, got {steps!r}")
+        gossip = self.gossip_steps
+        if isinstance(gossip, bool) or not isinstance(gossip, int) or gossip < 1:
+            raise ValueError(f"gossip_steps must be an int >= 1, got {gossip!r}")
 
     def phases(self) -> tuple[Phase, ...]:
         """The round as a sequence of ``"gradient"``, ``"step"`` and ``"exchange"``."""
         local: tuple[Phase, ...] = ("gradient", "step")
+        exchange: tuple[Phase, ...] = ("exchange",)
+        exchanges = exchange * self.gossip_steps
         if self.local_steps == 0:
-            return ("exchange",)
+            return exchanges
         if self.order == "adapt-then-combine":
-            return local * self.local_steps + ("exchange",)
-        return ("gradient", "exchange", "step") + local * (self.local_steps - 1)
+            return local * self.local_steps + exchanges
+        return local[:1] + exchanges + local[1:] + local * (self.local_steps - 1)
 
 
 StateT = TypeVar("StateT")
@@ -242,12 +254,16 @@ class DecentralizedSGD:
 
     CTA: ``x_i <- sum_j W_ij x_j - eta g_i(x_i)`` (gradient at the pre-mixing model).
     ATC: ``x_i <- sum_j W_ij (x_j - eta g_j(x_j))``.
+    With ``gossip_steps = K``, ``W`` is applied K times, one exchange each (``x <- W^K x``
+    in place of ``W x``): Muffliato (Cyffers, Even, Bellet & Massoulié, NeurIPS 2022), whose
+    pairwise privacy :mod:`workloads.network_privacy` accounts for.
     With ``local_steps = H > 1`` and ATC this is decentralized local SGD (Lin et al. 2020,
     "Don't use large mini-batches, use local SGD"; FedAvg's local steps without a server).
 
     Args:
         order: ``"combine-then-adapt"`` or ``"adapt-then-combine"``, see :class:`RoundPlan`.
         local_steps: optimizer steps per exchange.
+        gossip_steps: K, exchanges in a row after the local steps (default 1).
         aggregator: the mixing rule ``(own, neighbours, weights, mask) -> [*, d]``; default
             ``consensus`` ``mean`` (plain gossip averaging). Any robust ``consensus`` rule
             (``trimmed-mean``, ``krum``, ``clipped-gossip``) makes this robust gossip.
@@ -266,17 +282,18 @@ class DecentralizedSGD:
         *,
         order: Order = "combine-then-adapt",
         local_steps: int = 1,
+        gossip_steps: int = 1,
         aggregator: Aggregator | None = None,
         compressor: Compressor | None = None,
     ) -> None:
-        self.plan = RoundPlan(order, local_steps)
+        self.plan = RoundPlan(order, local_steps, gossip_steps)
         self.aggregator = _aggregator(aggregator)
         self.compressor = _compressor(compressor)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(order={self.plan.order!r}, local_steps="
-            f"{self.plan.local_steps}, aggregator={self.aggregator!r}, "
+            f"{self.plan.local_steps}, gossip_steps={self.plan.gossip_steps}, aggregator={self.aggregator!r}, "
             f"compressor={self.compressor.spec!r})"
         )
 

@@ -250,6 +250,7 @@ def build_algorithm(config: GossipConfig) -> GossipAlgorithm:
     algorithm = DecentralizedSGD(
         order=config.order,  # type: ignore[arg-type]
         local_steps=int(config.local_steps or 0),
+        gossip_steps=int(config.gossip_steps or 1),
         aggregator=consensus.build(config.aggregator or "mean"),
         compressor=compressor,
     )

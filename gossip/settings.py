@@ -157,6 +157,12 @@ def _local_steps(value: Any, algorithm: str) -> int:
     return value
 
 
+def _gossip_steps(value: Any, algorithm: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be an integer >= 1; got {value!r}")
+    return value
+
+
 def _aggregator(value: Any, algorithm: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be a consensus spec string (e.g. 'mean'); got {value!r}")
@@ -222,6 +228,17 @@ SETTINGS: tuple[Setting, ...] = (
         defaults={"local-sgd": 4, "diloco": 50, "noloco": 50, "sparseloco": 50},
         fixed={"ad-psgd": 1},
         metavar="N",
+    ),
+    Setting(
+        name="gossip_steps",
+        type=int,
+        default=1,
+        allowed="an integer >= 1",
+        help="gossip steps (exchanges, x <- W x each) after the local steps: Muffliato's "
+        "noise once, then K gossip steps (docs/privacy.md)",
+        readers=("dpsgd",),
+        check=_gossip_steps,
+        metavar="K",
     ),
     Setting(
         name="aggregator",

@@ -246,6 +246,29 @@ def _privacy(config: ExperimentConfig, algorithm: Algorithm, parts: list[torch.T
         raise ConfigError(f"privacy.{error}") from None
 
 
+def _pair_privacy(config: ExperimentConfig, algorithm: Algorithm, noise: float) -> Any:
+    """``[privacy] pair``'s account (:class:`sim.pair_privacy.PairPrivacy`), over the run's
+    static mixing matrix (``sim.config`` checked the algorithm and the optimizer)."""
+    from sim.pair_privacy import PairPrivacy
+    from topologies.schedules import Static
+
+    assert config.privacy is not None and config.privacy.pair is not None
+    schedule = getattr(algorithm, "schedule", None)
+    if not isinstance(schedule, Static):
+        raise _fail("privacy.pair", "the pairwise account needs a static topology; remove pair")
+    plan = algorithm.algorithm.plan  # type: ignore[attr-defined]
+    return PairPrivacy(
+        schedule.mixing(0).toarray(),
+        config.privacy.pair,
+        gossip_steps=plan.gossip_steps,
+        local_steps=plan.local_steps,
+        momentum=config.optimizer.momentum,
+        nesterov=config.optimizer.nesterov,
+        noise=noise,
+        delta=config.privacy.delta,
+    )
+
+
 def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     """Data, partition, model, network and algorithm for one run (all seeded by ``seed``).
 
@@ -328,6 +351,8 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     )
     if config.privacy is not None:
         ctx.privacy = peers.privacy = _privacy(config, algorithm, parts)
+        if config.privacy.pair is not None:
+            ctx.privacy.pair = _pair_privacy(config, algorithm, ctx.privacy.noise_multiplier)
     groups = None
     if config.groups:
         groups = GroupMetrics(

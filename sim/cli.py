@@ -208,6 +208,7 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
     table = Table(title="final evaluation (honest peers)")
     language = any(records[-1].task == LANGUAGE_MODEL for records in runs.values())
     private = any(records[-1].epsilon is not None for records in runs.values())  # DP-SGD
+    pair = any(records[-1].epsilon_pair is not None for records in runs.values())
     headline = "val. bits/byte" if language else "accuracy"
     for column in (
         first,
@@ -220,6 +221,7 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
         "consensus dist.",
         *(("diverged at",) if diverged else ()),
         *(("epsilon",) if private else ()),
+        *(("epsilon pair", "paper's sum") if pair else ()),  # [privacy] pair = [u, v]
     ):
         table.add_column(column, justify="left" if column == first else "right", no_wrap=True)
     for name, records in runs.items():
@@ -239,9 +241,12 @@ def _table(runs: dict[str, list[Record]], first: str = "algorithm") -> None:
         if private:
             budget = " (budget)" if last.privacy_stopped_at is not None else ""
             cells.append("" if last.epsilon is None else f"{last.epsilon:.3g}{budget}")
+        if pair:
+            for value in (last.epsilon_pair, last.epsilon_pair_muffliato):
+                cells.append("" if value is None else f"{value:.3g}")
         table.add_row(*cells)
     console = Console()
-    wide = (135 if diverged else 120) + (20 if private else 0)
+    wide = (135 if diverged else 120) + (20 if private else 0) + (30 if pair else 0)
     console.width = max(console.width, wide, wide - 20 + max(len(name) for name in runs))
     console.print(table)
 

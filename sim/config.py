@@ -737,6 +737,41 @@ class ExperimentConfig:
                 f"DP-SGD runs in the synchronous gossip algorithms ({', '.join(runs)}), not "
                 f"{self.algorithm.name!r}; remove [privacy]",
             )
+        if self.privacy.pair is not None:
+            self._check_pair(self.privacy.pair)
+
+    def _check_pair(self, pair: tuple[int, int]) -> None:
+        """``[privacy] pair``: nodes of the run, and a run whose update is linear in the
+        noisy steps (what :mod:`workloads.network_privacy` models)."""
+        peers = self.workload.peers
+        if max(pair) >= peers:
+            raise _fail("privacy.pair", f"nodes are 0..{peers - 1}; got {list(pair)}")
+        gossip = self.algorithm.gossip
+        linear = (
+            self.algorithm.name == "dpsgd"
+            and gossip.aggregator == "mean"
+            and gossip.compressor == "none"
+        )
+        if not linear:
+            raise _fail(
+                "privacy.pair",
+                "the pairwise account models D-PSGD with the mean and no compressor "
+                "(algorithm dpsgd); remove pair",
+            )
+        b = self.byzantine
+        if self.network.message_loss or self.network.crashes or b.count or b.chosen:
+            raise _fail(
+                "privacy.pair",
+                "the pairwise account assumes every message arrives from an honest peer "
+                "(no message_loss, crashes or Byzantine peers); remove pair",
+            )
+        o = self.optimizer
+        if o.name != "sgd" or o.schedule != "constant" or o.weight_decay or o.clip_norm:
+            raise _fail(
+                "privacy.pair",
+                "the pairwise account models SGD (momentum allowed) with a constant learning "
+                "rate, no weight decay and no clip_norm; remove pair",
+            )
 
     def _check_label_sets(self) -> None:
         workload = self.workload

@@ -182,8 +182,16 @@ class SynchronousGossip:
                 self.trainer.step_with(grads, alive)
                 local_steps += 1
             else:  # the senders' step counters, as their envelopes carry them
+                # exchange k of K in a round is the peers' round R * K + k (peer.node counts
+                # every exchange as a round): its message loss and envelope are that one's
+                gossip_steps = self.algorithm.plan.gossip_steps
                 sent, taken = self._exchange(
-                    ctx, table, alive, ctx.step_count + local_steps, deferred
+                    ctx,
+                    table,
+                    alive,
+                    ctx.step_count + local_steps,
+                    deferred,
+                    exchange=ctx.round * gossip_steps + exchanges,
                 )
                 sent_bytes += sent
                 if deferred is not None and taken is not None:
@@ -221,15 +229,19 @@ class SynchronousGossip:
         alive: Tensor,
         steps: np.ndarray,
         batch: tuple[Tensor, Tensor] | None = None,
+        *,
+        exchange: int,
     ) -> tuple[np.ndarray, Tensor | None]:
-        """One exchange; returns the bytes each peer sent. With ``batch`` (combine-then-adapt,
-        :meth:`_defers_gradient`), also the gradient at the pre-mixing models on that batch
-        and the optimizer step on the mixed ones, and returns their losses too."""
+        """One exchange (number ``exchange`` of the run: the round times the plan's gossip
+        steps, plus the exchange's place in the round); returns the bytes each peer sent.
+        With ``batch`` (combine-then-adapt, :meth:`_defers_gradient`), also the gradient at
+        the pre-mixing models on that batch and the optimizer step on the mixed ones, and
+        returns their losses too."""
         device = ctx.device
         index = torch.as_tensor(table.index, dtype=torch.long, device=device)
         listening = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
         mask = listening & alive[index]
-        delivered = ctx.failures.delivered(ctx.round, tuple(index.shape))
+        delivered = ctx.failures.delivered(exchange, tuple(index.shape))
         mask &= torch.from_numpy(delivered).to(device)
         # a dead receiver, or one that heard from too few neighbours for the rule's bound,
         # keeps its state this exchange: mix it with the full table, then restore its rows
@@ -245,7 +257,7 @@ class SynchronousGossip:
         # what peer-i's body for this message would weigh (gossip.compression.envelope)
         self.message_bytes = launch_envelope_bytes(
             compressed.wire_bytes,
-            round=ctx.round,
+            round=exchange,
             steps=steps,
             codec=self.algorithm.compressor.codec,
         )

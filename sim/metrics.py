@@ -84,6 +84,8 @@ class Record:
     membership_advantage_max: float | None = None
     reconstruction_cosine: float | None = None
     reconstruction_cosine_max: float | None = None
+    epsilon_pair: float | None = None
+    epsilon_pair_muffliato: float | None = None
 
     def __post_init__(self) -> None:
         given = [getattr(self, name) is not None for name in LANGUAGE_MODEL_COLUMNS]
@@ -136,6 +138,8 @@ class Record:
         row.update(
             {name: getattr(self, name) for name in AUDIT_COLUMNS if getattr(self, name) is not None}
         )
+        if self.epsilon_pair is not None:
+            row.update({name: getattr(self, name) for name in PAIR_COLUMNS})
         row.update(self.group_metrics)
         return row
 
@@ -191,6 +195,11 @@ AUDIT_COLUMNS = (
 membership-inference attack's ROC AUC and advantage, and the batch-of-one reconstruction's
 cosine similarity, each the mean over the honest peers and (``_max``) the worst peer's."""
 OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + AUDIT_COLUMNS
+PAIR_COLUMNS = ("epsilon_pair", "epsilon_pair_muffliato")
+"""The columns of a DP-SGD run with ``[privacy] pair = [u, v]`` (:mod:`sim.pair_privacy`): ε
+of u's data against v's exact view (workloads.network_privacy), and the Muffliato paper's sum for the same pair
+(for comparison, not a guarantee), each at most ``epsilon``."""
+OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + PAIR_COLUMNS
 
 COLUMNS = tuple(
     f.name for f in fields(Record) if f.name != "group_metrics" and f.name not in OPTIONAL_COLUMNS
@@ -205,14 +214,18 @@ def columns(records: Iterable[Record]) -> tuple[str, ...]:
     seen: dict[str, None] = {}
     language = private = False
     audits: list[set[str]] = []
+    language = private = pair = False
     for record in records:
         audits.append({name for name in AUDIT_COLUMNS if getattr(record, name) is not None})
         language = language or record.test_bits_per_byte is not None
         private = private or record.epsilon is not None
+        pair = pair or record.epsilon_pair is not None
         seen.update(dict.fromkeys(record.group_metrics))
     optional = (LANGUAGE_MODEL_COLUMNS if language else ()) + (PRIVACY_COLUMNS if private else ())
     audited = tuple(name for name in AUDIT_COLUMNS if any(name in row for row in audits))
     return COLUMNS + optional + audited + tuple(seen)
+    optional += PAIR_COLUMNS if pair else ()
+    return COLUMNS + optional + tuple(seen)
 
 
 def group_rows(records: Iterable[Record]) -> list[dict[str, Any]]:

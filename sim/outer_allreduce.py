@@ -47,6 +47,8 @@ class OuterAllReduce(SynchronousGossip):
         alive: Tensor,
         steps: np.ndarray,
         batch: tuple[Tensor, Tensor] | None = None,
+        *,
+        exchange: int = 0,
     ) -> tuple[np.ndarray, Tensor | None]:
         """The live peers' exact mean pseudo-gradient, then every live peer's outer step;
         a dead peer keeps its state (it takes part in no all-reduce)."""

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
+from sim.pair_privacy import PairPrivacy
 from workloads.accountant import PrivacyLedger, noise_multiplier_for
 from workloads.batching import StackedBatchSampler
 from workloads.privacy import (
@@ -90,6 +91,8 @@ class SimPrivacy:
             if config.sampling == "poisson"
             else None
         )
+        self.pair: PairPrivacy | None = None
+        """``[privacy] pair``'s account, set by :func:`sim.build.build`."""
         self.step = -1
         """The step of the batch drawn last (its noise key)."""
         self.valid: Tensor | None = None

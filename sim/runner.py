@@ -149,6 +149,7 @@ def _record(
 ) -> Record:
     models = algorithm.models(ctx)
     measured = evaluation.measure(ctx.peers, models)
+    pair = _pair_columns(ctx)
     return Record(
         algorithm=algorithm.name,
         round=ctx.round,
@@ -167,4 +168,14 @@ def _record(
         peer_bits_per_byte_mean=measured.get("peer_bits_per_byte_mean"),
         peer_bits_per_byte_worst=measured.get("peer_bits_per_byte_worst"),
         epsilon=None if ctx.privacy is None else ctx.privacy.epsilon(),
+        epsilon_pair=pair[0],
+        epsilon_pair_muffliato=pair[1],
     )
+
+
+def _pair_columns(ctx: Context) -> tuple[float | None, float | None]:
+    """``epsilon_pair`` and ``epsilon_pair_muffliato`` of a run with ``[privacy] pair``."""
+    privacy = ctx.privacy
+    if privacy is None or privacy.pair is None:
+        return (None, None)
+    return privacy.pair.epsilons(ctx.round, privacy.epsilon())

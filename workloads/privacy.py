@@ -81,6 +81,17 @@ def _positive(name: str, value: object, *, below: float = math.inf) -> float:
     return float(value)
 
 
+def _pair(value: object) -> tuple[int, int]:
+    nodes = tuple(value) if isinstance(value, list | tuple) else ()
+    if len(nodes) != 2 or not all(
+        isinstance(node, int) and not isinstance(node, bool) and node >= 0 for node in nodes
+    ):
+        raise ValueError(f"pair: must be two node indices [u, v], got {value!r}")
+    if nodes[0] == nodes[1]:
+        raise ValueError(f"pair: u and v must be two different nodes, got {list(nodes)}")
+    return (int(nodes[0]), int(nodes[1]))
+
+
 @dataclass(frozen=True)
 class PrivacyConfig:
     """The settings of DP-SGD for every peer of a run, checked at construction.
@@ -98,6 +109,9 @@ class PrivacyConfig:
         delta: δ of the (ε, δ) guarantee (default 1e-5; keep it below 1 / N).
         sampling: ``"poisson"`` or ``"fixed"`` (:data:`SAMPLINGS`).
         accountant: ``"rdp"`` or ``"prv"`` (:data:`ACCOUNTANTS`).
+        pair: ``(u, v)``, two different nodes: the simulator also reports ε of u's data
+            against v's view (:mod:`workloads.network_privacy`; docs/privacy.md, "Noisy
+            gossip"). Not a peer setting.
     """
 
     noise: float | None = None
@@ -106,6 +120,7 @@ class PrivacyConfig:
     delta: float = DEFAULT_DELTA
     sampling: str = "poisson"
     accountant: str = "rdp"
+    pair: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.clip is None:
@@ -124,6 +139,8 @@ class PrivacyConfig:
             raise ValueError(
                 f"accountant: got {self.accountant!r}; allowed: {', '.join(ACCOUNTANTS)}"
             )
+        if self.pair is not None:
+            object.__setattr__(self, "pair", _pair(self.pair))
 
     @classmethod
     def from_table(cls, table: Mapping[str, object]) -> PrivacyConfig:
