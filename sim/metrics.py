@@ -194,12 +194,11 @@ AUDIT_COLUMNS = (
 """The columns of a run with ``[audit]`` (:mod:`sim.audit`), on its last record only: the
 membership-inference attack's ROC AUC and advantage, and the batch-of-one reconstruction's
 cosine similarity, each the mean over the honest peers and (``_max``) the worst peer's."""
-OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + AUDIT_COLUMNS
 PAIR_COLUMNS = ("epsilon_pair", "epsilon_pair_muffliato")
 """The columns of a DP-SGD run with ``[privacy] pair = [u, v]`` (:mod:`sim.pair_privacy`): ε
 of u's data against v's exact view (workloads.network_privacy), and the Muffliato paper's sum for the same pair
 (for comparison, not a guarantee), each at most ``epsilon``."""
-OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + PAIR_COLUMNS
+OPTIONAL_COLUMNS = LANGUAGE_MODEL_COLUMNS + PRIVACY_COLUMNS + PAIR_COLUMNS + AUDIT_COLUMNS
 
 COLUMNS = tuple(
     f.name for f in fields(Record) if f.name != "group_metrics" and f.name not in OPTIONAL_COLUMNS
@@ -209,7 +208,8 @@ COLUMNS = tuple(
 
 def columns(records: Iterable[Record]) -> tuple[str, ...]:
     """:data:`COLUMNS`, :data:`LANGUAGE_MODEL_COLUMNS` when a record is a language model's,
-    :data:`PRIVACY_COLUMNS` when one is a DP-SGD run's, the :data:`AUDIT_COLUMNS` a record has,
+    :data:`PRIVACY_COLUMNS` when one is a DP-SGD run's, :data:`PAIR_COLUMNS` when one has
+    ``epsilon_pair``, the :data:`AUDIT_COLUMNS` a record has,
     then every group-metric key of ``records`` in the order first seen."""
     seen: dict[str, None] = {}
     language = private = False
@@ -222,10 +222,9 @@ def columns(records: Iterable[Record]) -> tuple[str, ...]:
         pair = pair or record.epsilon_pair is not None
         seen.update(dict.fromkeys(record.group_metrics))
     optional = (LANGUAGE_MODEL_COLUMNS if language else ()) + (PRIVACY_COLUMNS if private else ())
+    optional += PAIR_COLUMNS if pair else ()
     audited = tuple(name for name in AUDIT_COLUMNS if any(name in row for row in audits))
     return COLUMNS + optional + audited + tuple(seen)
-    optional += PAIR_COLUMNS if pair else ()
-    return COLUMNS + optional + tuple(seen)
 
 
 def group_rows(records: Iterable[Record]) -> list[dict[str, Any]]:
