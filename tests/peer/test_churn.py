@@ -115,6 +115,6 @@ def test_a_crashed_peer_is_killed_and_rejoins_and_a_straggler_is_slowed(
     assert any("peer-0" in view for view in views)
     # the straggler waited twice its compute (factor 3); the other did not wait
     assert straggler["slowdown"] == 3.0
-    assert straggler["slowdown_waited_s"] == pytest.approx(2 * straggler["compute_s"], rel=0.01)
+    assert straggler["slowdown_waited_s"] == pytest.approx(2 * straggler["compute_s"], abs=0.05)
     assert straggler["compute_s"] > 0
     assert "slowdown" not in crashed and crashed["slowdown_waited_s"] == 0.0
