@@ -408,13 +408,18 @@ LIVE: tuple[Status, ...] = ("alive", "suspected")
 
 def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     """The status line printed per chunk: id, round, step, loss, bytes, live neighbours
-    (and bytes/s with a ``rate``)."""
+    (and bytes/s with a ``rate``; a straggler's ``compute_s`` and ``slowdown_waited_s``)."""
     status = peer.status()
     line = {
         key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
     } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] in LIVE]}
     if rate is not None:
         line["bytes_per_s"] = round(rate.read(), 1)
+    if status["slowdown"] != 1:  # an emulated straggler (--slowdown): its compute and waits
+        line["compute_s"], line["slowdown_waited_s"] = (
+            status["compute_s"],
+            status["slowdown_waited_s"],
+        )
     if status["privacy"] is not None:  # DP-SGD (docs/privacy.md)
         line["epsilon"] = status["privacy"]["epsilon"]
         line["privacy_stopped"] = status["privacy"]["stopped"]
