@@ -172,6 +172,12 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
+    start_at = getattr(args, "start_at", None)
+    if start_at is not None:  # launch --crashes: back at the rejoin time, start-up done
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, start_at - time.time()))
+        if stop.is_set():
+            return 0
     try:
         await peer.start()
     except JoinError as error:
