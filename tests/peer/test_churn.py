@@ -40,6 +40,17 @@ def test_crashes_are_the_simulators_with_rejoin_at_plus_down() -> None:
     assert "--checkpoint-dir" not in flags[0] and "--checkpoint-dir" not in flags[2]
 
 
+def test_a_sync_peer_may_crash_but_not_rejoin(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _checked("--algorithm", "dpsgd", "--crashes", "1@2")  # down to the end: fine
+    assert args.crash_plan == (Crash(1, 2.0, None),)
+    with pytest.raises(SystemExit) as exit:
+        _checked("--algorithm", "dpsgd", "--crashes", "1@2+3")
+    assert exit.value.code == 2
+    assert "--crashes: +DOWN (a rejoin) needs the async algorithm, ad-psgd" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
