@@ -152,3 +152,16 @@ def test_start_at_refuses_a_time_that_is_not_one(
         .err.strip()
         .endswith(f"--start-at: must be a Unix time in seconds >= 0, got {float(value)}")
     )
+
+
+def test_the_title_counts_a_peer_down_at_the_end_apart() -> None:
+    from argparse import Namespace
+
+    from peer.app.report import title
+
+    peers = [{"id": "peer-0", "step": 300}, {"id": "peer-1", "step": 30, "down": True}]
+    results = {"steps": 300, "peers": peers, "task": "classification"}
+    args = Namespace(steps=300, batch_size=32)
+    assert title(results, args).endswith("after 300 steps of batch 32 (1 down)")
+    peers[1].pop("down")  # the same steps without the crash: a run stopped early
+    assert title(results, args).endswith("after 30-300 of 300 steps of batch 32 (stopped early)")
