@@ -200,9 +200,24 @@ def masked_message(
 
 
 def unmask(messages: Sequence[np.ndarray] | np.ndarray) -> Tensor:
-    """``S_r``: the modular sum of all of r's masked messages of a round, decoded (float64)."""
+    """``S_r``: the modular sum of all of r's masked messages of a round, decoded (float64).
+
+    An honest sum has ``|S_r| < LIMIT`` in every coordinate (``sum_j W_rj <= 1``); masks that
+    did not cancel (a co-sender masked with a stale key, or a message was altered) leave a
+    uniform residue, which lands in that range with probability 1/2 a coordinate. Such a sum
+    raises :class:`SecureSumError` rather than being mixed (certain detection needs more than
+    a few dozen coordinates).
+    """
     stacked = np.stack(list(messages)) if not isinstance(messages, np.ndarray) else messages
-    return decode(stacked.sum(axis=-2, dtype=np.uint64))
+    total = decode(stacked.sum(axis=-2, dtype=np.uint64))
+    out = int((total.abs() >= LIMIT + 1).sum())
+    if out:
+        raise SecureSumError(
+            f"secure_sum: the masks did not cancel ({out} of {total.numel()} coordinates "
+            "decode outside the range of any honest sum): a co-sender used a stale key (a "
+            "restarted peer) or a message was altered"
+        )
+    return total
 
 
 def check_neighbourhoods(fewest: int, *, where: str = "the topology") -> None:

@@ -119,6 +119,9 @@ class SynchronousGossip:
     name: str = ""
     secure: SeededKeys | None = None
     """Secure neighbour sums (``gossip.secure_sum``) with these keys, or None: plain mixing."""
+    skipped_sums: int = field(default=0, init=False)
+    """With secure sums: how many times a live receiver kept its model because a message of
+    its row was missing (a sender down, or the message lost)."""
     state: Any = field(default=None, init=False, repr=False)
     _mixed: Tensor | None = field(default=None, init=False, repr=False)
     _late: Tensor | None = field(default=None, init=False, repr=False)
@@ -355,6 +358,7 @@ class SynchronousGossip:
             self.secure,
         )
         complete = complete.to(device) & ~frozen
+        self.skipped_sums += int((alive & ~complete).sum())
         losses: Tensor | None = None
         grads: Tensor | None = None
         if batch is not None:  # the models are untouched until combine: gradient now

@@ -20,7 +20,9 @@ The math is :mod:`gossip.secure_sum`'s; this part does what only a networked pee
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from prometheus_client import Counter
 
 from gossip.secure_sum import (
     PAYLOAD_CODEC,
+    SecureSumError,
     masked_message,
     masked_payload,
     mix_sums,
@@ -42,6 +45,9 @@ from peer.transport.client import PeerUnavailable, RemoteRefused
 logger = logging.getLogger(__name__)
 
 ROUNDS_METRIC = "gossipnet_secure_sum_rounds"
+KEY_REFRESH_ROUNDS = 10
+"""Every this many rounds a peer fetches again every key its masks need: a restarted member has
+a new key, and until its co-senders have it their receivers' sums do not unmask (skipped)."""
 OUTCOMES = ("mixed", "skipped")
 
 
@@ -58,6 +64,7 @@ class SecureSums:
         self.rank = ctx.topology.rank
         self._pair: dict[int, bytes] = {}
         """``K_rank,k`` by the other rank k."""
+        self._round_table: tuple[int, Any] | None = None
         self.rounds = Counter(
             ROUNDS_METRIC,
             "Secure-sum rounds by outcome: mixed, or skipped (a message of the row missing, "
@@ -70,28 +77,36 @@ class SecureSums:
 
     # ------------------------------------------------------------------ the round's table
 
+    def _table(self, t: int) -> Any:
+        """Round t's neighbour table (kept for the round)."""
+        if self._round_table is None or self._round_table[0] != t:
+            self._round_table = (t, self.topology.schedule.neighbour_table(t))
+        return self._round_table[1]
+
     def _senders(self, t: int) -> list[list[int]]:
         """Each rank's in-neighbours (ranks) in round t."""
-        table = self.topology.schedule.neighbour_table(t)
+        table = self._table(t)
         return [[int(j) for j in table.index[r][table.mask[r]]] for r in range(table.n)]
 
     def _weight(self, t: int, receiver: int) -> float:
-        table = self.topology.schedule.neighbour_table(t)
+        table = self._table(t)
         slots = table.index[receiver] == self.rank
         return float(np.sum(np.where(slots & table.mask[receiver], table.weight[receiver], 0.0)))
 
     async def fetch_keys(self, t: int) -> None:
-        """Fetch the public keys this round's masks need and are not known yet (a member
-        that does not answer is asked again next round)."""
+        """Fetch the public keys round t's masks need and are not known yet, all at once (one
+        that does not answer is asked again next round); every :data:`KEY_REFRESH_ROUNDS`
+        rounds fetch them all again (a restarted member has a new key)."""
         senders = self._senders(t)
-        needed = {k for row in senders if self.rank in row for k in row if k != self.rank} - set(
-            self._pair
-        )
+        needed = {k for row in senders if self.rank in row for k in row if k != self.rank}
+        if t % KEY_REFRESH_ROUNDS:
+            needed -= set(self._pair)
         if not needed:
             return
         ids = {m.address: m.id for m in self.ctx.membership.members()}
         client = self.ctx.started_client()
-        for k in sorted(needed):
+
+        async def fetch(k: int) -> None:
             address = self.topology.addresses[k]
             try:
                 public = await client.public_key(address, receiver=ids.get(address))
@@ -99,7 +114,7 @@ class SecureSums:
                 logger.info(
                     "peer %s: no secure-sum key from %s yet (%s)", self.ctx.peer_id, address, error
                 )
-                continue
+                return
             if public is None:
                 logger.error(
                     "peer %s: %s runs no secure sums (start every peer with --secure-sum); "
@@ -107,8 +122,11 @@ class SecureSums:
                     self.ctx.peer_id,
                     address,
                 )
-                continue
+                self._pair.pop(k, None)
+                return
             self._pair[k] = pair_key(self.key, public)
+
+        await asyncio.gather(*(fetch(k) for k in sorted(needed)))
 
     # ------------------------------------------------------------------ sender and receiver
 
@@ -161,7 +179,19 @@ class SecureSums:
             self.rounds(outcome="skipped").inc()
             return False
         stacked = np.stack([arrived[a].numpy().view(np.uint64) for a in mine])
-        total = unmask(stacked)
+        try:
+            total = unmask(stacked)
+        except SecureSumError as error:
+            logger.warning(
+                "peer %s: round %d's secure sum is not mixed: %s; keeping its own model "
+                "(keys are fetched again every %d rounds)",
+                ctx.peer_id,
+                t,
+                error,
+                KEY_REFRESH_ROUNDS,
+            )
+            self.rounds(outcome="skipped").inc()
+            return False
         weights = self.topology.weights(t)
         total_weight = torch.tensor(sum(weights[a] for a in mine), dtype=torch.float64)
         with ctx.lock:

@@ -37,6 +37,7 @@ from gossip.settings import ConfigurationError
 from sim.build import build
 from sim.config import ConfigError, ExperimentConfig, experiment_from_dict
 from sim.gossip_runner import SynchronousGossip
+from sim.network import Crash, Failures
 from sim.runner import run
 from tests.sim.helpers import make_context
 
@@ -218,3 +219,28 @@ def test_an_experiment_file_runs_secure_sums_and_refuses_what_cannot_hide_a_mode
         build(_experiment({"topology": "ring"}, byzantine={"count": 1, "attack": "sign-flip"}))
     with pytest.raises(ConfigError, match=r"algorithm\.secure_sum: cannot run with algorithm"):
         _experiment({"aggregator": "krum:f=1"})
+
+
+def test_masks_under_a_stale_key_do_not_unmask_to_a_wrong_model() -> None:
+    """A restarted co-sender has a new key: the pair's streams no longer cancel, and the sum
+    is refused instead of mixed."""
+    keys, stale = SeededKeys(0, 4), SeededKeys(1, 4)
+    senders, x = [1, 2, 3], torch.randn(3, 256)
+    messages = [
+        masked_message(x[i], 0.25, j, 0, senders, 9, partial(keys.key, j))
+        for i, j in enumerate(senders)
+    ]
+    assert torch.allclose(unmask(messages), 0.25 * x.double().sum(0), atol=1e-8)
+    messages[0] = masked_message(x[0], 0.25, 1, 0, senders, 9, partial(stale.key, 1))
+    with pytest.raises(SecureSumError, match="the masks did not cancel"):
+        unmask(messages)
+
+
+def test_in_the_simulator_a_crashed_sender_freezes_its_receivers_and_is_counted() -> None:
+    n, rounds = 5, 3
+    gossip = SynchronousGossip(
+        DecentralizedSGD(), topologies.build_schedule("ring", n), secure=SeededKeys(0, n)
+    )
+    ctx, evaluation = make_context(n, failures=Failures(n, crashes=(Crash(peer=0, at=0.0),)))
+    run(gossip, ctx, evaluation, rounds=rounds, eval_every=rounds)
+    assert gossip.skipped_sums == 2 * rounds  # peer 0's two receivers, every round
