@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from gossip.algorithms import DecentralizedSGD
+from gossip.algorithms import DecentralizedSGD, local_sgd
 from gossip.compression import launch_peer_id
 from gossip.secure_sum import SeededKeys
 from peer.app.cli import parse_peer_args
@@ -37,10 +37,13 @@ from tests.parity.harness import SECRET, Batch, Problem, max_abs_difference, sim
 ROUNDS = 3
 
 
-def _simulate(problem: Problem, secure: bool) -> tuple[torch.Tensor, list[list[Batch]]]:
+def _simulate(
+    problem: Problem, secure: bool, local_steps: int = 1
+) -> tuple[torch.Tensor, list[list[Batch]]]:
     ctx = simulator_context(problem)
+    rule = DecentralizedSGD() if local_steps == 1 else local_sgd(local_steps)
     runner = SynchronousGossip(
-        DecentralizedSGD(), problem.schedule(), secure=SeededKeys(0, problem.n) if secure else None
+        rule, problem.schedule(), secure=SeededKeys(0, problem.n) if secure else None
     )
     runner.setup(ctx)
     for _ in range(ROUNDS):
@@ -86,12 +89,24 @@ async def _swarm(
         yield peers
 
 
-async def test_a_secure_swarm_ends_with_the_simulators_model_and_mixed_every_round() -> None:
+@pytest.mark.parametrize(
+    ("algorithm", "local_steps"), [("dpsgd", 1), ("local-sgd", 2)], ids=["dpsgd", "local-sgd"]
+)
+async def test_a_secure_swarm_ends_with_the_simulators_model_and_mixed_every_round(
+    algorithm: str, local_steps: int
+) -> None:
     problem = Problem(n=4, topology="ring")
-    plain, batches = _simulate(problem, secure=False)
-    secure, _ = _simulate(problem, secure=True)
-    async with _swarm(problem, batches, round_deadline_s=10.0, request_timeout_s=10.0) as peers:
-        await asyncio.gather(*(peer.run(ROUNDS) for peer in peers))
+    plain, batches = _simulate(problem, secure=False, local_steps=local_steps)
+    secure, _ = _simulate(problem, secure=True, local_steps=local_steps)
+    async with _swarm(
+        problem,
+        batches,
+        algorithm=algorithm,
+        local_steps=local_steps,
+        round_deadline_s=10.0,
+        request_timeout_s=10.0,
+    ) as peers:
+        await asyncio.gather(*(peer.run(ROUNDS * local_steps) for peer in peers))
         final = torch.stack([p.flat.vector.detach().clone() for p in peers])
         statuses = [peer.status() for peer in peers]
         d = peers[0].spec.numel
