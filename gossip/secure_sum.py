@@ -249,11 +249,11 @@ def mix_sums(
     ``sum_j W_rj``, so the rule's own weighted mean mixes it (the same call in both runners).
     """
     dtype, device = sent.dtype, sent.device
-    total = total_weight.to(torch.float64)
+    total = total_weight.to(device, torch.float64)
     safe = torch.where(total > 0, total, torch.ones_like(total))
-    received = (sums.to(torch.float64) / safe.unsqueeze(-1)).to(device, dtype).unsqueeze(-2)
-    weights = total.to(device, dtype).unsqueeze(-1)
-    present = (complete & (total > 0)).to(device).unsqueeze(-1)
+    received = (sums.to(device, torch.float64) / safe.unsqueeze(-1)).to(dtype).unsqueeze(-2)
+    weights = total.to(dtype).unsqueeze(-1)
+    present = (complete.to(device) & (total > 0)).unsqueeze(-1)
     return algorithm.combine(state, sent, received, weights, present)
 
 
