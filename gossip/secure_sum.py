@@ -195,6 +195,11 @@ def masked_message(
     (``senders``: r's in-neighbours that round, j among them)."""
     if sender not in senders:
         raise ValueError(f"sender {sender} is not among receiver {receiver}'s senders {senders}")
+    if len(set(senders)) < 2:
+        raise ValueError(
+            f"receiver {receiver} has the one sender {sender}: a masked message would be its "
+            "model in the clear (secure sums need at least 2 in-neighbours)"
+        )
     encoded = encode(values, weight)
     return encoded + mask(sender, receiver, senders, round_, key_of, encoded.shape[-1])
 

@@ -139,7 +139,9 @@ class SecureSums:
         for address in self.topology.partners(t):
             r = self.topology.addresses.index(address)
             row = senders[r]
-            if self.rank not in row:
+            if self.rank not in row or len(row) < 2:
+                # r does not mix our model this round, or could not without seeing it alone:
+                # zeros keep the round trip and reveal nothing (r skips a row of one, loudly)
                 message = np.zeros(model.numel(), dtype=np.uint64)
             elif all(k in self._pair for k in row if k != self.rank):
                 message = masked_message(

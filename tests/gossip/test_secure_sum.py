@@ -244,3 +244,8 @@ def test_in_the_simulator_a_crashed_sender_freezes_its_receivers_and_is_counted(
     ctx, evaluation = make_context(n, failures=Failures(n, crashes=(Crash(peer=0, at=0.0),)))
     run(gossip, ctx, evaluation, rounds=rounds, eval_every=rounds)
     assert gossip.skipped_sums == 2 * rounds  # peer 0's two receivers, every round
+
+
+def test_no_masked_message_is_made_for_a_receiver_with_one_sender() -> None:
+    with pytest.raises(ValueError, match="its model in the clear"):
+        masked_message(torch.ones(3), 0.5, 1, 0, [1], 0, partial(SeededKeys(0, 2).key, 1))
