@@ -146,6 +146,27 @@ class GossipConfig:
             object.__setattr__(self, item.name, value)
         if name == "ad-psgd":
             self._check_pairwise()
+        if self.secure_sum:
+            self._check_secure_sum()
+
+    def _check_secure_sum(self) -> None:
+        """Secure sums (``gossip.secure_sum``) reveal only the weighted sum of the neighbours'
+        models: a rule that needs the individual models, or a codec of its own, cannot run."""
+        if type(consensus.build(self.aggregator)) is not consensus.WeightedMean:
+            raise ConfigurationError(
+                "secure_sum",
+                f"cannot run with {{aggregator}} {self.aggregator!r}: a robust rule needs the "
+                "individual models and a secure sum reveals only their weighted sum; use "
+                "{aggregator} mean",
+                mentions=("aggregator",),
+            )
+        if build_compressor(self.compressor).codec != "none":
+            raise ConfigurationError(
+                "secure_sum",
+                f"cannot run with {{compressor}} {self.compressor!r}: a masked message is its own "
+                "encoding (64-bit fixed point, twice a float32 message); use {compressor} none",
+                mentions=("compressor",),
+            )
 
     def _check_pairwise(self) -> None:
         """AD-PSGD's rule: an aggregator that runs on 2 models, no state per node."""

@@ -117,6 +117,12 @@ class Setting:
         """The command-line flag: ``--`` and the name with dashes (``--consensus-step``)."""
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def convert(self) -> Callable[[str], Any]:
+        """What a command line converts the flag's text with: :attr:`type`, or
+        :func:`boolean` for a bool."""
+        return boolean if self.type is bool else self.type
+
     def default_for(self, algorithm: str) -> Any:
         """The value ``algorithm`` takes when the setting is left unset."""
         return self.defaults.get(algorithm, self.default)
@@ -127,6 +133,16 @@ class Setting:
         for algorithm, value in self.defaults.items():
             text += f"; {algorithm}: {value}"
         return text
+
+
+def boolean(text: str) -> bool:
+    """A command line's ``true``/``false`` (``1``/``0``, ``yes``/``no``, ``on``/``off``, any
+    case) as a bool; ``ValueError`` for anything else."""
+    value = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False}
+    value |= {"no": False, "off": False}
+    if text.lower() not in value:
+        raise ValueError(f"must be true or false, got {text!r}")
+    return value[text.lower()]
 
 
 DENSE_COMPRESSORS = ("none", "fp16", "bf16", "qsgd")
@@ -195,6 +211,12 @@ def _error_feedback(value: Any, algorithm: str) -> float:
 
 def _consensus_step(value: Any, algorithm: str) -> float:
     return fraction(value, open_low=True)
+
+
+def _boolean(value: Any, algorithm: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false; got {value!r}")
+    return value
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -299,6 +321,17 @@ SETTINGS: tuple[Setting, ...] = (
         readers=("sparseloco",),
         check=_error_feedback,
         metavar="BETA",
+    ),
+    Setting(
+        name="secure_sum",
+        type=bool,
+        default=False,
+        allowed="true, false (needs aggregator mean, compressor none, >= 2 in-neighbours per "
+        "node; a peer: --topology)",
+        help="pairwise-masked neighbour sums: a receiver learns the weighted sum of its "
+        "in-neighbours' models, not any single one (gossip.secure_sum, docs/privacy.md)",
+        readers=("dpsgd", "local-sgd"),
+        check=_boolean,
     ),
 )
 """Every algorithm setting, in the order records, docs and help list them."""

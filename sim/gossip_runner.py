@@ -51,6 +51,7 @@ from gossip.algorithms import (
 )
 from gossip.compression import launch_envelope_bytes, launch_peer_id, node_generators
 from gossip.pairwise import PairwiseGossip, ad_psgd
+from gossip.secure_sum import PAYLOAD_CODEC, SeededKeys, mix_sums, payload_bytes, secure_sums
 from sim.algorithms import Context, RoundReport, _mean_loss
 from sim.mixing import Injection, gather_mix, gather_rows, keeps_state, rows_for_budget
 from sim.network import asynchronous_gossip_events
@@ -116,6 +117,11 @@ class SynchronousGossip:
     schedule: Schedule
     attack: Attack | None = None
     name: str = ""
+    secure: SeededKeys | None = None
+    """Secure neighbour sums (``gossip.secure_sum``) with these keys, or None: plain mixing."""
+    skipped_sums: int = field(default=0, init=False)
+    """With secure sums: how many times a live receiver kept its model because a message of
+    its row was missing (a sender down, or the message lost)."""
     state: Any = field(default=None, init=False, repr=False)
     _mixed: Tensor | None = field(default=None, init=False, repr=False)
     _late: Tensor | None = field(default=None, init=False, repr=False)
@@ -246,6 +252,8 @@ class SynchronousGossip:
         # a dead receiver, or one that heard from too few neighbours for the rule's bound,
         # keeps its state this exchange: mix it with the full table, then restore its rows
         frozen = ~alive | ~self._enough(mask)
+        if self.secure is not None:
+            return self._secure_exchange(ctx, table, alive, mask, frozen, steps, batch)
         mask = torch.where(frozen.unsqueeze(1), listening, mask)
         if self._late is not None:  # last exchange's lost messages arrive now, one round late
             self.algorithm.late(self.state, self._late, self._late)
@@ -324,6 +332,53 @@ class SynchronousGossip:
         with keeping_rows(self.state, ctx.n, rows):
             self.algorithm.combine(self.state, sent, received, weights, mask, self_weight)
         if batch is not None:
+            self.trainer.step_with(grads, alive)
+        return sent_bytes, losses
+
+    def _secure_exchange(
+        self,
+        ctx: Context,
+        table: Any,
+        alive: Tensor,
+        delivered: Tensor,
+        frozen: Tensor,
+        steps: np.ndarray,
+        batch: tuple[Tensor, Tensor] | None,
+    ) -> tuple[np.ndarray, Tensor | None]:
+        """One exchange with secure sums (``gossip.secure_sum.secure_sums``): each receiver
+        mixes the unmasked sum of its in-neighbours' masked messages, or keeps its model
+        when any of them is missing (``delivered [n, k]``: sent by a live peer, not lost)."""
+        assert self.secure is not None
+        message = self.algorithm.message(self.state)
+        self.message_bytes = launch_envelope_bytes(
+            payload_bytes(int(message.shape[1])),
+            round=ctx.round,
+            steps=steps,
+            codec=PAYLOAD_CODEC,
+        )
+        device = ctx.device
+        index = torch.as_tensor(table.index, dtype=torch.long, device=device)
+        listening = torch.as_tensor(table.mask, dtype=torch.bool, device=device)
+        sent_bytes = self._sent_bytes(ctx, index, listening, alive, self.message_bytes)
+        sums, totals, complete = secure_sums(
+            message,
+            np.asarray(table.index),
+            np.asarray(table.weight),
+            np.asarray(table.mask),
+            (delivered | ~listening).cpu().numpy(),
+            ctx.round,
+            self.secure,
+        )
+        complete = complete.to(device) & ~frozen
+        self.skipped_sums += int((alive & ~complete).sum())
+        losses: Tensor | None = None
+        grads: Tensor | None = None
+        if batch is not None:  # the models are untouched until combine: gradient now
+            losses, grads = ctx.peers.gradients(*batch, self.parameters, out=self.trainer.grads)
+        rows = (~complete).nonzero().squeeze(1)
+        with keeping_rows(self.state, ctx.n, rows):
+            mix_sums(self.algorithm, self.state, message, sums.to(device), totals, complete)
+        if grads is not None:
             self.trainer.step_with(grads, alive)
         return sent_bytes, losses
 

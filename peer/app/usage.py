@@ -142,15 +142,21 @@ def add_setting_flags(group: Any) -> None:
     from gossip.settings import SETTINGS  # here: gossipnet status must not load torch
 
     for item in SETTINGS:
+        # a boolean setting is a switch (--secure-sum) that also takes true/false, which is
+        # how launch passes it through to its peers
+        switch: dict[str, Any] = (
+            {"nargs": "?", "const": True, "type": item.convert, "metavar": "true|false"}
+            if item.type is bool
+            else {"type": item.type, "metavar": item.metavar}
+        )
         group.add_argument(
             item.flag,
             dest=item.name,
-            type=item.type,
             choices=item.choices or None,
-            metavar=item.metavar,
             default=None,
             help=f"{item.help}; allowed: {item.allowed}; default {item.default_text()}; "
             f"read by {', '.join(item.readers)}",
+            **switch,
         )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import consensus
 import topologies
 from gossip.configuration import ConfigurationError, GossipConfig
+from gossip.secure_sum import check_neighbourhoods
 from gossip.settings import SETTING_NAMES, setting_fields
 from peer.node.membership import check_address
 from peer.protocol.wire import SENDER_ID_PATTERN
@@ -358,6 +359,8 @@ class PeerConfig:
             raise _error(error.field, error.reason, *error.mentions) from None
         if self.byzantine is not None:
             self._check_byzantine(algorithm)
+        if settings.secure_sum:
+            self._check_secure_sum()
         if settings.needs_topology and self.topology is None:
             raise _error(
                 "topology",
@@ -371,6 +374,24 @@ class PeerConfig:
         for name in SETTING_NAMES:
             object.__setattr__(self, name, getattr(settings, name))
         self.__dict__["_gossip"] = settings
+
+    def _check_secure_sum(self) -> None:
+        """Secure sums (``gossip.secure_sum``) need a known graph, so that a sender knows its
+        receivers' weights and in-neighbours; a peer that sends attacks or serves its model
+        in the clear would defeat them. A secure peer never fetches a model at join (its
+        neighbours serve none): every rank starts from the seed's model."""
+        if self.topology is None:
+            raise _error(
+                "secure_sum",
+                "needs {topology}: a sender must know each receiver's weights and in-neighbours "
+                "from a known graph (e.g. topology='ring')",
+                "topology",
+            )
+        if self.byzantine is not None:
+            raise _error(
+                "secure_sum", "cannot run with {byzantine}: an attack needs the models", "byzantine"
+            )
+        object.__setattr__(self, "fetch_state", False)
 
     def _check_byzantine(self, algorithm: str) -> None:
         if not isinstance(self.byzantine, str) or not self.byzantine.strip():
@@ -444,3 +465,11 @@ class PeerConfig:
             )
         except ConfigurationError as error:
             raise _error(error.field, error.reason, *error.mentions) from None
+        if self.gossip.secure_sum:
+            try:
+                check_neighbourhoods(
+                    topologies.smallest_neighbourhood(schedule) - 1,
+                    where=f"topology {self.topology!r} on {len(self.peer_list)} peers",
+                )
+            except ValueError as error:
+                raise _error("secure_sum", str(error)) from None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 import consensus
 from consensus.attacks import AttackBase
@@ -40,7 +41,7 @@ from peer.node.model_lock import ModelLock
 from peer.node.straggler import Slowdown
 from peer.node.topology import TopologyNeighbours
 from peer.node.trainer import Trainer
-from peer.protocol.codecs import Codec, build_codec, receiving_codecs
+from peer.protocol.codecs import Codec, MaskedCodec, build_codec, receiving_codecs
 from peer.protocol.signatures import RequestVerifier
 from peer.protocol.swarm_secret import load_secret, warn_open_swarm
 from peer.protocol.tls import client_ssl_context
@@ -91,6 +92,9 @@ class PeerContext:
     """The emulated uplink its client and server send on (seeded by seed and id), or None."""
     slowdown: Slowdown
     """The emulated straggler's stretch of each local step (factor 1: none)."""
+    secure_key: X25519PrivateKey | None = None
+    """This peer's X25519 key for secure sums (``gossip.secure_sum``), drawn from the OS at
+    start; None without them."""
     round: int = 0
     address: str | None = None
     client: PeerClient | None = None
@@ -125,7 +129,11 @@ class PeerContext:
             codec=build_codec(
                 config.gossip.compressor or "none", seed=node_seed(config.seed, config.peer_id)
             ),
-            codecs=receiving_codecs(),
+            codecs=(
+                {MaskedCodec.name: MaskedCodec()}
+                if config.gossip.secure_sum
+                else receiving_codecs()
+            ),
             algorithm=algorithm,
             gossip_state=algorithm.init(flat.vector),
             topology=topology,
@@ -156,6 +164,7 @@ class PeerContext:
                 else None
             ),
             slowdown=Slowdown(config.slowdown),
+            secure_key=X25519PrivateKey.generate() if config.gossip.secure_sum else None,
         )
 
     # ------------------------------------------------------------------ the trainer's parts

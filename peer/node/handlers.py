@@ -24,13 +24,15 @@ from typing import Any
 
 import torch
 
+from gossip.secure_sum import public_bytes
 from peer.node.context import PeerContext
 from peer.node.membership import check_address
 from peer.node.metrics import PeerMetrics
 from peer.node.modes import ExchangeMode
 from peer.node.privacy import privacy_status
+from peer.node.secure_round import secure_sum_status
 from peer.protocol.codecs import Codec, DenseCodec
-from peer.protocol.errors import InvalidSender, MalformedBody, UnknownPeer
+from peer.protocol.errors import InvalidSender, MalformedBody, NotFound, UnknownPeer
 from peer.protocol.signatures import RequestVerifier
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import PROTOCOL_VERSION, Envelope, ModelSpec, check_sender
@@ -118,7 +120,10 @@ class ServerHandlers:
         return self.ctx.membership.view()
 
     async def state_envelope(self) -> Envelope:
-        """Serve ``GET /v1/state``: the current model, uncompressed."""
+        """Serve ``GET /v1/state``: the current model, uncompressed (``not_found`` for a peer
+        running secure sums: it never shows its model in the clear)."""
+        if self.ctx.secure_key is not None:
+            raise NotFound(f"{self.peer_id} runs secure sums: it serves no model in the clear")
         vector = await in_thread(self.ctx.snapshot)
         return Envelope(
             sender=self.peer_id,
@@ -127,6 +132,11 @@ class ServerHandlers:
             codec="none",
             payload=DenseCodec().encode(vector.cpu()),
         )
+
+    def public_key(self) -> str | None:
+        """Serve ``GET /v1/key``: the X25519 public key of secure sums (hex), or None."""
+        key = self.ctx.secure_key
+        return None if key is None else public_bytes(key).hex()
 
     def status(self) -> dict[str, Any]:
         """Serve ``GET /v1/status``: progress, configuration, neighbours, traffic, health
@@ -163,6 +173,7 @@ class ServerHandlers:
             **self.ctx.slowdown.to_json(),
             **self.ctx.health.to_json(),
             **privacy_status(self.ctx.trainer.privacy),
+            **secure_sum_status(self.ctx),
         }
 
     def render_metrics(self) -> bytes:

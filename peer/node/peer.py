@@ -188,6 +188,7 @@ class Peer:
         self.on_leave = handlers.on_leave
         self.peers_view = handlers.peers_view
         self.state_envelope = handlers.state_envelope
+        self.public_key = handlers.public_key
         self.status = handlers.status
         self.render_metrics = handlers.render_metrics
         if privacy is not None:

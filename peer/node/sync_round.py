@@ -37,6 +37,7 @@ import consensus
 from gossip.algorithms import neighbourhood_fits
 from peer.node.context import PeerContext
 from peer.node.membership import Member
+from peer.node.secure_round import SecureSums
 from peer.protocol.errors import ALIVE_REFUSALS, Busy, ProtocolError
 from peer.protocol.threads import in_thread
 from peer.protocol.wire import Envelope
@@ -79,6 +80,10 @@ class SyncRound:
         """Whether the last round had too few models for the rule."""
         self._changed: asyncio.Condition | None = None
         """Notified when a message arrives or a round is published (made by :meth:`start`)."""
+        self._secure = SecureSums(ctx) if ctx.secure_key is not None else None
+        """Secure sums (``--secure-sum``, :mod:`peer.node.secure_round`), or None."""
+        self._sealed: dict[str, Envelope] = {}
+        """With secure sums: this round's masked message for each partner address."""
 
     def start(self) -> None:
         """Make the condition rounds and answers wait on, for the running event loop."""
@@ -111,8 +116,13 @@ class SyncRound:
         if overdue:
             await in_thread(self._late_locked, overdue, t)
         payload, sent = await in_thread(self._message_locked)
+        sealed: dict[str, Envelope] = {}
+        if self._secure is not None:  # one masked message per receiver
+            await self._secure.fetch_keys(t)
+            sealed = await in_thread(self._secure.seal, t, sent)
         async with self._changed:
             self._published = self.ctx.envelope_of(payload)
+            self._sealed = sealed
             self._sent = sent
             self._changed.notify_all()
         expected = self._expected()
@@ -164,7 +174,10 @@ class SyncRound:
         # too few models for the rule: keep our own state this round, as the simulator
         # freezes such a row; otherwise combine, with no neighbour too (a node the round's
         # matching leaves out still takes its own step, as every simulated row does)
-        if self._fits(arrived + 1):
+        if self._secure is not None:
+            arrivals = {self._address_of(j): self._inbox[j][t] for j in present}
+            await in_thread(self._secure.mix, t, arrivals, sent)
+        elif self._fits(arrived + 1):
             messages = [self._inbox[j][t] if j in present else sent for j in mixed]
             mask = [j in present for j in mixed]
             self_weight = None if self.ctx.topology is None else self.ctx.topology.self_weight(t)
@@ -225,8 +238,17 @@ class SyncRound:
         values = [row[addresses[j]] for j in mixed]  # type: ignore[index]
         return mixed, torch.tensor(values, dtype=dtype, device=self.ctx.device)
 
+    def _address_of(self, peer_id: str) -> str:
+        member = self.ctx.membership.get(peer_id)
+        return "" if member is None or member.address is None else member.address
+
     async def _sync_call(self, member: Member, envelope: Envelope, failed: set[str]) -> None:
         assert member.address is not None and self._changed is not None
+        if self._secure is not None:
+            if member.address not in self._sealed:
+                failed.add(member.id)  # no masked message for it this round (a key missing)
+                return
+            envelope = self._sealed[member.address]
         try:
             if self.ctx.attack is not None:
                 envelope = await self._attacked(envelope, member.id, None)
@@ -279,12 +301,17 @@ class SyncRound:
             finally:
                 self._awaiting.pop(envelope.sender, None)
             reply = self._published
+            if self._secure is not None and reply is not None:
+                reply = self._sealed.get(self._address_of(envelope.sender))
+                if reply is None:
+                    raise Busy(f"{self.ctx.peer_id} has no masked message for {envelope.sender}")
             if reply is not None:
                 self._delivered[envelope.sender] = max(
                     reply.round, self._delivered.get(envelope.sender, -1)
                 )
         if reply is None:  # no round of ours yet
-            if not self.ctx.algorithm.message_is_model:  # nothing the rule has accounted for
+            # nothing the rule has accounted for; or a model that must not travel in the clear
+            if not self.ctx.algorithm.message_is_model or self._secure is not None:
                 raise Busy(f"{self.ctx.peer_id} has not published a round yet")
             reply = await in_thread(lambda: self.ctx.envelope(self.ctx.snapshot()))
         if self.ctx.attack is not None:
@@ -383,7 +410,9 @@ class SyncRound:
             )
         payload = self.ctx.codec.encode(message)
         # what a receiver decodes (CHOCO combines with exactly that)
-        return payload, self.ctx.codecs[self.ctx.codec.name].decode(payload, self.ctx.message_spec)
+        # (a secure peer receives only masked messages: its own codec decodes its payload)
+        decoder = self.ctx.codecs.get(self.ctx.codec.name, self.ctx.codec)
+        return payload, decoder.decode(payload, self.ctx.message_spec)
 
     def _late_locked(self, late: list[tuple[str, int, torch.Tensor]], t: int) -> None:
         """``late(state, sum_j W_ij m_j, sum_j r_j W_ij m_j)`` with each message's own round's

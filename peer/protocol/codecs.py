@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from gossip import compression
+from gossip import compression, secure_sum
 from gossip.configuration import DENSE_COMPRESSORS
 from peer.protocol.errors import (
     DTypeMismatch,
@@ -48,6 +48,7 @@ __all__ = [
     "Codec",
     "CompressorCodec",
     "DenseCodec",
+    "MaskedCodec",
     "build_codec",
     "receiving_codecs",
 ]
@@ -158,6 +159,30 @@ class DenseCodec(CompressorCodec):
 
     def __init__(self) -> None:
         super().__init__("none")
+
+
+class MaskedCodec:
+    """``masked``: a secure sum's masked message (``gossip.secure_sum``), ``spec.numel`` uint64
+    in Z_{2^64}, decoded as an int64 tensor of their bits (a copy). The only codec a peer
+    running secure sums accepts, and no other peer accepts it."""
+
+    name = secure_sum.PAYLOAD_CODEC
+
+    def encode(self, vector: torch.Tensor) -> dict[str, Any]:
+        """The payload of a masked message given as int64 bits."""
+        return secure_sum.masked_payload(vector.numpy())
+
+    def decode(self, payload: Mapping[str, Any], spec: ModelSpec) -> torch.Tensor:
+        """The validated ``[spec.numel]`` int64 tensor; a typed protocol error otherwise."""
+        if not isinstance(payload, Mapping):
+            raise MalformedBody(f"payload must be a map, got {type(payload).__name__}")
+        if payload.get("codec") != self.name:
+            raise UnknownCodec(f"payload.codec must equal the envelope's codec {self.name!r}")
+        try:
+            values = secure_sum.read_masked_payload(payload, spec.numel)
+        except compression.PayloadError as error:
+            raise _typed(error, spec) from None
+        return torch.from_numpy(values.view("<i8"))
 
 
 def build_codec(spec: str, *, seed: int = 0) -> Codec:

@@ -20,7 +20,13 @@ from peer.protocol.errors import (
     UnknownPeer,
 )
 from peer.protocol.strict_json import expect_object, loads
-from peer.protocol.wire import MAX_VIEW_ENTRIES, Envelope, check_sender, check_version
+from peer.protocol.wire import (
+    MAX_VIEW_ENTRIES,
+    Envelope,
+    check_sender,
+    check_version,
+    describe,
+)
 
 __all__ = [
     "MAX_DETAIL_CHARS",
@@ -28,6 +34,7 @@ __all__ = [
     "PeerUnavailable",
     "RemoteRefused",
     "check_answer_digest",
+    "check_key",
     "check_view",
     "from_receiver",
     "parse_refusal",
@@ -99,6 +106,26 @@ def check_view(data: bytes, *, what: str, receiver: str | None) -> dict[str, Any
             f"{what}: peers has {len(checked['peers'])} entries, at most {MAX_VIEW_ENTRIES}"
         )
     return checked
+
+
+def check_key(data: bytes, *, what: str, receiver: str | None) -> bytes | None:
+    """A JSON key answer (``GET /v1/key``), decoded strictly: exactly ``{"v", "id", "key"}``
+    from ``receiver`` when known, ``key`` 64 hex digits (an X25519 public key) or null.
+    Raises only typed protocol errors."""
+    obj = loads(data, what=what, max_bytes=MAX_JSON_BYTES)
+    checked = expect_object(
+        obj, what=what, required={"v": int, "id": str, "key": (str, type(None))}
+    )
+    check_version(checked["v"], field_name=f"{what}: v")
+    sender = check_sender(checked["id"], field_name=f"{what}: id")
+    if receiver is not None and sender != receiver:
+        raise UnknownPeer(f"{what} comes from {sender!r}, not from {receiver!r}")
+    key = checked["key"]
+    if key is None:
+        return None
+    if len(key) != 64 or set(key) - set("0123456789abcdef"):
+        raise MalformedBody(f"{what}: key must be 64 lower-case hex digits, got {describe(key)}")
+    return bytes.fromhex(key)
 
 
 def parse_refusal(data: bytes) -> tuple[str, str]:

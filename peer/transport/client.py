@@ -59,6 +59,7 @@ from peer.transport.answers import (
     PeerUnavailable,
     RemoteRefused,
     check_answer_digest,
+    check_key,
     check_view,
     from_receiver,
     raise_refusal,
@@ -284,6 +285,16 @@ class PeerClient:
             "GET", address, "/v1/peers", receiver=to, max_body_bytes=MAX_JSON_BYTES
         )
         return check_view(data, what=f"membership view of {address}", receiver=to)
+
+    async def public_key(self, address: str, *, receiver: str | None = None) -> bytes | None:
+        """``GET /v1/key``: the neighbour's X25519 public key for secure sums (32 bytes), or
+        None if it runs none; the answer is signed (with a secret) and checked
+        (:func:`check_key`)."""
+        to = await self._receiver(address, receiver)
+        data = await self.request(
+            "GET", address, "/v1/key", receiver=to, max_body_bytes=MAX_JSON_BYTES
+        )
+        return check_key(data, what=f"key answer of {address}", receiver=to)
 
     # ------------------------------------------------------------------ envelope calls
 

@@ -1,4 +1,4 @@
-"""The JSON endpoints (``/v1/join``, ``/v1/leave``, ``/v1/peers``, ``/v1/status``,
+"""The JSON endpoints (``/v1/join``, ``/v1/leave``, ``/v1/peers``, ``/v1/key``, ``/v1/status``,
 ``/metrics``) and the
 middleware answering every HTTP error in the JSON error shape.
 
@@ -138,6 +138,11 @@ def json_routes(ctx: ServerContext) -> list[web.RouteDef]:
             {"v": PROTOCOL_VERSION, "id": service.peer_id, "peers": service.peers_view()}
         )
 
+    async def key(request: web.Request, body: bytes) -> web.Response:
+        return web.json_response(
+            {"v": PROTOCOL_VERSION, "id": service.peer_id, "key": service.public_key()}
+        )
+
     async def status(request: web.Request) -> web.StreamResponse:
         return web.json_response(service.status())
 
@@ -150,6 +155,7 @@ def json_routes(ctx: ServerContext) -> list[web.RouteDef]:
         web.post("/v1/join", protected(ctx, join, takes_body=True)),
         web.post("/v1/leave", protected(ctx, leave, takes_body=True)),
         web.get("/v1/peers", protected(ctx, peers, takes_body=False), allow_head=False),
+        web.get("/v1/key", protected(ctx, key, takes_body=False), allow_head=False),
         web.get("/v1/status", status),
         web.get("/metrics", metrics),
     ]

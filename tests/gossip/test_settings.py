@@ -103,7 +103,7 @@ def test_peer_and_launch_have_each_settings_flag_as_declared(command: str) -> No
     for item in SETTINGS:
         action = actions[item.name]
         assert action.option_strings == [item.flag]
-        assert action.type is item.type and action.default is None
+        assert action.type is item.convert and action.default is None
         assert tuple(action.choices or ()) == item.choices
         assert item.help in (action.help or "") and item.allowed in (action.help or "")
 
