@@ -134,6 +134,19 @@ class DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _switch(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``convert`` with its ValueError as argparse's own error, so the flag's line says what
+    was wrong (``must be true or false, got 'maybe'``), not argparse's "invalid value"."""
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
 def add_setting_flags(group: Any) -> None:
     """One flag per algorithm setting (:data:`gossip.settings.SETTINGS`) on ``group`` (a
     parser or an argument group): ``--consensus-step GAMMA``, its type and choices, and a
@@ -145,7 +158,7 @@ def add_setting_flags(group: Any) -> None:
         # a boolean setting is a switch (--secure-sum) that also takes true/false, which is
         # how launch passes it through to its peers
         switch: dict[str, Any] = (
-            {"nargs": "?", "const": True, "type": item.convert, "metavar": "true|false"}
+            {"nargs": "?", "const": True, "type": _switch(item.convert), "metavar": "true|false"}
             if item.type is bool
             else {"type": item.type, "metavar": item.metavar}
         )

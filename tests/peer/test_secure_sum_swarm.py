@@ -164,7 +164,7 @@ async def test_a_missing_neighbour_leaves_the_round_unmixed_loudly(
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--secure-sum", "maybe"], "--secure-sum: invalid boolean value: 'maybe'"),
+        (["--secure-sum", "maybe"], "--secure-sum: must be true or false, got 'maybe'"),
         (["--secure-sum"], "--secure-sum: needs --topology"),
         (
             ["--secure-sum", "--topology", "ring", "--byzantine", "sign-flip"],
