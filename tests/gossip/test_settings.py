@@ -4,6 +4,7 @@ launch's pass-through, docs/settings.md)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
 import sys
@@ -103,7 +104,13 @@ def test_peer_and_launch_have_each_settings_flag_as_declared(command: str) -> No
     for item in SETTINGS:
         action = actions[item.name]
         assert action.option_strings == [item.flag]
-        assert action.type is item.convert and action.default is None
+        assert action.default is None
+        if item.type is bool:  # a switch: its text converted as the setting converts it
+            assert action.type is not None and action.type("on") is item.convert("on") is True
+            with pytest.raises(argparse.ArgumentTypeError, match="must be true or false"):
+                action.type("maybe")
+        else:
+            assert action.type is item.type
         assert tuple(action.choices or ()) == item.choices
         assert item.help in (action.help or "") and item.allowed in (action.help or "")
 
