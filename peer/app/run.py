@@ -199,12 +199,15 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
         target = peer.step + args.steps if args.steps else None
+        curve = _EvalLog(peer, data, args)
+        await curve.maybe_evaluate()
         while not stop.is_set() and (target is None or peer.step < target):
             if peer.privacy is not None and peer.privacy.stopped:
                 break  # the privacy budget is spent (the peer warned)
             chunk = (
                 args.status_every if target is None else min(args.status_every, target - peer.step)
             )
+            chunk = curve.bound(chunk)
             training = asyncio.ensure_future(peer.run(steps=chunk))
             await asyncio.wait({training, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
@@ -212,6 +215,7 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
                 await asyncio.gather(training, return_exceptions=True)
                 break
             training.result()
+            await curve.maybe_evaluate()
             if not live:
                 print(json.dumps(_status_line(peer, rate)), flush=True)
             await _record(logbook, peer)
@@ -238,6 +242,58 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
         final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
     print(json.dumps(final), flush=True)
     return 0
+
+
+class _EvalLog:
+    """``--eval-every N --eval-log FILE``: the test metrics at step 0 and every N steps, one
+    JSON line each, timed on the peer's clock: ``train_s`` is the seconds since training
+    began (the first evaluation) less the evaluations' own time (``eval_s``, in total so
+    far), so the curve is of training as the simulator charges it, which does not evaluate
+    on the clock; ``time`` is the wall clock (``time.time()``) when the evaluation began."""
+
+    def __init__(self, peer: Peer, data: Dataset, args: argparse.Namespace) -> None:
+        self.peer, self.data = peer, data
+        self.every = int(getattr(args, "eval_every", 0) or 0)
+        self.path: str | None = getattr(args, "eval_log", None)
+        self.start: float | None = None
+        self.spent = 0.0
+        self.last: int | None = None
+
+    def bound(self, chunk: int) -> int:
+        """``chunk`` steps, or fewer so that a chunk ends at the next evaluation's step."""
+        if not self.every:
+            return chunk
+        return max(1, min(chunk, self.every - self.peer.step % self.every))
+
+    async def maybe_evaluate(self) -> None:
+        step = self.peer.step
+        if not self.every or self.path is None or step % self.every or step == self.last:
+            return
+        began = time.perf_counter()
+        if self.start is None:
+            self.start = began
+        wall = time.time()
+        scores = await asyncio.to_thread(
+            self.peer.trainer.evaluate_task, self.data.x_test, self.data.y_test, self.data.task
+        )
+        line = {
+            "id": self.peer.peer_id,
+            "step": step,
+            "round": self.peer.round,
+            "time": wall,
+            "train_s": began - self.start - self.spent,
+            **{f"test_{name}": value for name, value in scores.items()},
+        }
+        self.spent += time.perf_counter() - began
+        line["eval_s"] = self.spent
+        self.last = step
+        text = json.dumps(line) + "\n"
+        await asyncio.to_thread(_append, self.path, text)
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(text)
 
 
 def _phase(peer: Peer, rate: _Rate, phase: str, live: bool) -> None:
