@@ -71,7 +71,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         Subcommand(
             "sim",
             "simulate n peers: run an experiment TOML, compare or sweep any of its fields; "
-            "calibrate its time model on this machine",
+            "calibrate its time model on this machine, check its prediction against real peers",
             "sim.cli:main",
         ),
         Subcommand(
@@ -98,6 +98,11 @@ SIM_FRONT_DOOR: dict[str, Subcommand] = {
         "calibrate",
         "measure this machine's step time and real stack for the simulator's [network]",
         "gossipnet.calibrate:main",
+    ),
+    "predict": Subcommand(
+        "predict",
+        "run an experiment file simulated and as real peers: predicted vs measured time",
+        "gossipnet.predict:main",
     ),
 }
 """``gossipnet sim`` subcommands that need a real peer as well as the simulator: they live
