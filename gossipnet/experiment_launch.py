@@ -6,6 +6,7 @@ machine (:mod:`peer.app.launch`), with the same seed, data set and partition, mo
 initial model (every peer builds it from the seed, as every simulated row is), optimizer and
 schedule, algorithm and its settings, topology or time-varying schedule, Byzantine peers and
 attack, compressor, DP-SGD, network regime (emulated links, :mod:`peer.transport.shaping`),
+stragglers (``launch --stragglers``: each local step of a straggler takes k times its compute),
 number of steps (``rounds`` x the local steps of a round) and evaluations (``eval_every``
 rounds: each peer's timed curve, ``launch --eval-every``).
 
@@ -18,8 +19,8 @@ runners' vocabularies and ``sim`` and ``peer`` never import each other.
 What only the simulator can do is refused before anything starts, one line naming the key,
 exit code 2 (:func:`launch_plan`): the baselines (a server or an all-reduce), per-link
 overrides (an emulated link is a peer's uplink), ``server_bandwidth``, random compute
-(``compute_distribution`` other than ``constant``, ``compute_spread``), stragglers and crashes
-(until their real counterpart lands), ``init = "independent"``, a ``label_sets`` table and a
+(``compute_distribution`` other than ``constant``, ``compute_spread``), crashes (until their
+real counterpart lands), ``init = "independent"``, a ``label_sets`` table and a
 ``[graph]``. The time model's own keys (``step_time``, ``stack_latency``,
 ``stack_bandwidth``) describe this machine, which the real run measures: they are read by
 ``gossipnet sim predict``, not by the peers; ``[output]`` is the simulator's.
@@ -103,8 +104,6 @@ def _refuse(config: Any) -> None:
          "time their steps take; allowed: constant"),
         (net.compute_spread, "network.compute_spread", "draws simulated compute times; "
          "allowed: 0"),
-        (net.stragglers, "network.stragglers", "slowed real peers are not mapped yet (launch "
-         "--stragglers); remove it to launch, or simulate it"),
         (net.crashes, "network.crashes", "killed and restarted real peers are not mapped yet "
          "(launch --crashes); remove it to launch, or simulate it"),
         (w.init != "same", "workload.init", "real peers start from one model built from the "
@@ -185,6 +184,9 @@ def launch_plan(config: Any) -> LaunchPlan:
     plan.add("--topology", _topology(config), "algorithm.topology")
     if a.weights is not None:
         plan.add("--topology-weights", a.weights, "algorithm.weights")
+    if net.stragglers:  # each local step of peer i takes k times its compute (--slowdown)
+        slowed = ",".join(f"{peer}={factor!r}" for peer, factor in sorted(net.stragglers.items()))
+        plan.add("--stragglers", slowed, "network.stragglers")
     byzantine = [int(i) for i in byzantine_mask(config).nonzero()[0]]
     if byzantine:
         key = "byzantine.peers" if config.byzantine.chosen else "byzantine.count"

@@ -57,6 +57,7 @@ topology_params = {degree = 2, seed = 1}
 latency = [0.01, 0.01, 0.02, 0.01, 0.01]
 bandwidth = 1.25e7
 message_loss = 0.01
+stragglers = {"3-4" = 3.0}
 [byzantine]
 count = 1
 attack = "sign-flip"
@@ -79,6 +80,7 @@ attack = "sign-flip"
     assert per_peer[2][:2] == ["--latency", "0.02"] and per_peer[0][:2] == ["--latency", "0.01"]
     assert all("--message-loss" in own and "--bandwidth" in own for own in per_peer.values())
     assert "--latency" not in flags  # per peer, not swarm-wide
+    assert flags["--stragglers"] == ["3=3.0,4=3.0"]
     assert plan.origins["--peers"] == "workload.peers"
 
 
@@ -92,7 +94,6 @@ attack = "sign-flip"
         ),
         ("[network]\nserver_bandwidth = 1e9", "network.server_bandwidth"),
         ('[network]\ncompute_distribution = "exponential"', "network.compute_distribution"),
-        ('[network]\nstragglers = {"1" = 3.0}', "network.stragglers"),
         ("[network]\ncrashes = [{peer = 1, at = 0.5}]", "network.crashes"),
         ("[workload2]\n", "workload2"),
     ],
@@ -124,3 +125,9 @@ def test_a_flag_the_file_sets_is_refused_and_a_mapped_flags_error_names_the_key(
         main(["launch", str(one_peer)])
     err = capsys.readouterr().err
     assert err.startswith("gossipnet launch: error: workload.peers (--peers): must be"), err
+    faster = tmp_path / "faster.toml"
+    faster.write_text(BASE + '[network]\nstragglers = {"1" = 0.5}\n')  # the simulator takes it
+    with pytest.raises(SystemExit):
+        main(["launch", str(faster)])
+    err = capsys.readouterr().err
+    assert err.startswith("gossipnet launch: error: network.stragglers (--stragglers):"), err

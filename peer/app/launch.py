@@ -57,6 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from peer.app.churn import parse_stragglers
 from peer.app.peer_flags import (
     add_link_flags,
     add_optimizer_flags,
@@ -106,10 +107,11 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test metric is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --resume, --grace, --no-centralized, "
-        "--dir, --json, --progress, --save-model, --log-dir, --byzantine-peers, --peer-args "
-        "and --peer-args-for is passed to each peer unchanged. An experiment file instead "
-        "of flags: gossipnet launch EXPERIMENT.toml (docs/prediction.md). Guide: docs/peer.md.",
+        epilog="Every option but --peers, --client-only, --stragglers, --resume, --grace, "
+        "--no-centralized, --dir, --json, --progress, --save-model, --log-dir, "
+        "--byzantine-peers, --peer-args and --peer-args-for is passed to each peer unchanged. "
+        "An experiment file instead of flags: gossipnet launch EXPERIMENT.toml "
+        "(docs/prediction.md). Guide: docs/peer.md.",
     )
     swarm = parser.add_argument_group("swarm")
     swarm.add_argument(
@@ -141,6 +143,13 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         metavar="IDS",
         help="which K peers of --byzantine are Byzantine: ids and ranges, e.g. 2,5-6 "
         "(default: the last K)",
+    )
+    swarm.add_argument(
+        "--stragglers",
+        metavar="PEER=FACTOR[,...]",
+        help="emulated stragglers (the simulator's [network] stragglers): each local step of "
+        "those peers takes FACTOR (>= 1) times its compute (their --slowdown); PEER is an id "
+        "or a range A-B, e.g. 3=3 or 0-1=2,5=4 (default: none)",
     )
     swarm.add_argument(
         "--fanout",
@@ -338,6 +347,10 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             check_log_dir(Path(args.log_dir) / "swarm", peer_column=True)
         except LogbookError as error:
             parser.error(str(error))
+    try:
+        args.slowdowns = parse_stragglers(args.stragglers, args.peers)
+    except ValueError as error:
+        parser.error(str(error))
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
     args.resumed = _resumed(args, parser) if args.resume else None
     _check_peer_options(args, parser)

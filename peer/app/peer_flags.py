@@ -528,6 +528,15 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         "--steps", type=int, default=0, help="optimizer steps, 0 = until a signal (default 0)"
     )
     run.add_argument(
+        "--slowdown",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="emulate a straggler (the simulator's stragglers): each local step takes FACTOR "
+        "times its compute time, the peer waiting (FACTOR-1) x each step's measured time "
+        "while it keeps serving; >= 1 (default 1: not slowed)",
+    )
+    run.add_argument(
         "--status-every", type=int, default=50, help="steps between status lines (default 50)"
     )
     run.add_argument(

@@ -215,8 +215,9 @@ def peer_flags(
     """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
     (:data:`PASS_THROUGH`, and the DP-SGD flags given), its shard and files in ``directory`` (checkpoints too when the
     run is kept, ``--dir``, so that it can be resumed), the topology's peer file,
-    ``--byzantine`` for the Byzantine peers (:func:`byzantine_peers`), then ``--peer-args`` and
-    this peer's ``--peer-args-for``. With ``launch --resume``
+    ``--byzantine`` for the Byzantine peers (:func:`byzantine_peers`), ``--slowdown`` for a
+    straggler (``args.slowdowns``, index -> factor: ``launch --stragglers``), then
+    ``--peer-args`` and this peer's ``--peer-args-for``. With ``launch --resume``
     (``args.resumed``: index -> the step of that peer's newest checkpoint) each peer gets
     ``--resume`` and the steps left to ``--steps`` in all. ``launch`` parses them with the
     peer's own parser before anything starts."""
@@ -241,6 +242,9 @@ def peer_flags(
         "--wait-for-peers", str(args.peers - 1),
         "--eval-out", str(directory / f"peer-{index}.eval.json"),
     ]  # fmt: skip
+    slowdown = getattr(args, "slowdowns", {}).get(index)  # launch --stragglers
+    if slowdown is not None:
+        flags += ["--slowdown", repr(slowdown)]
     if secret_file is not None:
         flags += ["--secret-file", str(secret_file)]
     if holds(args):

@@ -160,6 +160,12 @@ class BackgroundPeer:
             )
         if not isinstance(config, PeerConfig):
             raise ValueError(f"config must be a PeerConfig, got {type(config).__name__}")
+        if config.slowdown != 1:
+            raise ValueError(
+                f"PeerConfig.slowdown is {config.slowdown:g}, but a BackgroundPeer's steps are "
+                "your loop's (it cannot time them); emulate a straggler with Peer.run or "
+                "gossipnet peer --slowdown, or slow your own loop"
+            )
         local_steps = config.local_steps or 1
         if gossip_every is None:
             gossip_every = local_steps

@@ -153,6 +153,12 @@ class PeerConfig:
         jitter: each message's delay is uniform in ``latency ± jitter`` seconds.
         message_loss: probability that a message this peer sends is lost.
 
+    Emulated straggler (the simulator's ``[network] stragglers = {peer = k}``):
+        slowdown: each local step takes this factor times its compute time, >= 1: after a
+            gradient or optimizer step of measured duration ``d`` the peer waits
+            ``(slowdown - 1) * d`` on its event loop (serving meanwhile, the model lock
+            free); 1 (the default): no wait. :meth:`peer.node.peer.Peer.run` only.
+
     Model and records:
         average_buffers: ship and mix the model's floating-point buffers (BatchNorm running
             statistics) with its parameters, as one flat vector. ``False`` keeps each
@@ -205,6 +211,7 @@ class PeerConfig:
     bandwidth: float | None = None
     jitter: float = 0.0
     message_loss: float = 0.0
+    slowdown: float = 1.0
 
     if TYPE_CHECKING:  # the settings' fields (gossip.settings.setting_fields)
 
@@ -284,6 +291,13 @@ class PeerConfig:
             raise _error(
                 "join", "must name at least one peer when {client_only} is set", "client_only"
             )
+        if (
+            isinstance(self.slowdown, bool)
+            or not isinstance(self.slowdown, int | float)
+            or not (math.isfinite(self.slowdown) and self.slowdown >= 1)
+        ):
+            raise _error("slowdown", f"must be a finite number >= 1, got {self.slowdown!r}")
+        object.__setattr__(self, "slowdown", float(self.slowdown))
         try:
             self.link  # noqa: B018  (checked here, built where used)
         except LinkError as error:

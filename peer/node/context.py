@@ -37,6 +37,7 @@ from peer.node.health import ExchangeHealth
 from peer.node.membership import Member, Membership
 from peer.node.metrics import PeerMetrics
 from peer.node.model_lock import ModelLock
+from peer.node.straggler import Slowdown
 from peer.node.topology import TopologyNeighbours
 from peer.node.trainer import Trainer
 from peer.protocol.codecs import Codec, build_codec, receiving_codecs
@@ -88,6 +89,8 @@ class PeerContext:
     """The peer's one random generator (neighbour order, view refreshes)."""
     link: EmulatedLink | None
     """The emulated uplink its client and server send on (seeded by seed and id), or None."""
+    slowdown: Slowdown
+    """The emulated straggler's stretch of each local step (factor 1: none)."""
     round: int = 0
     address: str | None = None
     client: PeerClient | None = None
@@ -152,6 +155,7 @@ class PeerContext:
                 if config.link.shaped
                 else None
             ),
+            slowdown=Slowdown(config.slowdown),
         )
 
     # ------------------------------------------------------------------ the trainer's parts

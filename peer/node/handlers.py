@@ -160,6 +160,7 @@ class ServerHandlers:
             "authenticated": self.ctx.secret is not None,
             "serving_refused": 0 if self.serving_share is None else self.serving_share.refused,
             "byzantine": self.ctx.config.byzantine,
+            **self.ctx.slowdown.to_json(),
             **self.ctx.health.to_json(),
             **privacy_status(self.ctx.trainer.privacy),
         }

@@ -384,11 +384,12 @@ class Peer:
         await self._run_round(NO_HOOKS)
 
     async def _run_round(self, hooks: StepHooks) -> None:
+        slowdown = self.ctx.slowdown
         for phase in self.algorithm.plan.phases():
-            if phase == "gradient":
-                await asyncio.to_thread(self._gradient)
+            if phase == "gradient":  # each compute phase timed, then stretched (a straggler)
+                await slowdown.stretch(await asyncio.to_thread(slowdown.timed, self._gradient))
             elif phase == "step":
-                await asyncio.to_thread(self._step, hooks)
+                await slowdown.stretch(await asyncio.to_thread(slowdown.timed, self._step, hooks))
             else:
                 await self.gossip()
         if hooks.per_round is not None:
