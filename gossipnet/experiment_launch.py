@@ -23,7 +23,9 @@ overrides (an emulated link is a peer's uplink), ``server_bandwidth``, random co
 real counterpart lands), ``init = "independent"``, a ``label_sets`` table and a
 ``[graph]``. The time model's own keys (``step_time``, ``stack_latency``,
 ``stack_bandwidth``) describe this machine, which the real run measures: they are read by
-``gossipnet sim predict``, not by the peers; ``[output]`` is the simulator's.
+``gossipnet sim predict``, not by the peers; ``[output]`` is the simulator's. A ``latency`` or
+``bandwidth`` equal to the simulator's default (100 µs, 10 Gb/s: a fast local network) is not
+emulated: loopback stands for it, and the peers send unshaped.
 
 Flags after the file: only those that do not change the experiment (where the run's files go,
 how progress shows, the grace, the centralized reference, the real stack's own knobs such as
@@ -155,6 +157,7 @@ def launch_plan(config: Any) -> LaunchPlan:
     from gossip.settings import SETTINGS
     from peer.transport.shaping import LINK_FIELDS, LinkSettings
     from sim.build import byzantine_mask
+    from sim.config import NetworkConfig
     from workloads.optimizers import OPTIMIZER_KEYS
     from workloads.privacy import PRIVACY_FIELDS
 
@@ -198,7 +201,12 @@ def launch_plan(config: Any) -> LaunchPlan:
             if value is not None:
                 plan.add(f"--dp-{name}", value, f"privacy.{name}")
         plan.add("--dp-seeded", None, "privacy")  # the simulator keys its noise by the seed
-    table = {name: getattr(net, name) for name in LINK_FIELDS if hasattr(net, name)}
+    loopback = NetworkConfig()  # the simulator's default network stands for loopback's
+    table = {
+        name: getattr(net, name)
+        for name in LINK_FIELDS
+        if hasattr(net, name) and getattr(net, name) != getattr(loopback, name, None)
+    }
     links = [_link_flags(LinkSettings.for_peer(table, i)) for i in range(w.peers)]
     if all(link == links[0] for link in links):
         for flag, value, key in links[0]:

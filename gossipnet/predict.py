@@ -57,6 +57,9 @@ __all__ = [
 
 CALIBRATED_KEYS = ("step_time", "stack_latency", "stack_bandwidth")
 """The ``[network]`` keys ``gossipnet sim calibrate`` measures."""
+ASYNCHRONOUS = ("ad-psgd",)
+"""The algorithms whose peers never wait for each other (``peer.node.config.ALGORITHMS``'s
+async mode): their measured clock is each peer's own (:func:`measured_curve`)."""
 DEFAULT_TARGET_SHARE = 0.9
 """Without ``--target``: this share of the lower of the two runs' best accuracy."""
 
@@ -151,16 +154,22 @@ def time_to(curve: Curve, target: float, metric: str = "accuracy") -> float:
     return math.nan
 
 
-def measured_curve(directory: Path, steps_per_round: int, peers: Sequence[int]) -> Curve:
+def measured_curve(
+    directory: Path, steps_per_round: int, peers: Sequence[int], *, synchronous: bool = True
+) -> Curve:
     """The real run's curve from the peers' ``peer-<i>.evals.jsonl`` in ``directory``
     (``launch --eval-every``): at each step that every peer in ``peers`` evaluated, the mean
     over them of the time and the test accuracy and loss.
 
-    The clocks are aligned on the last peer's start: peer p began training at ``T_p`` (the
-    wall time its step-0 evaluation ended) and reached step s at ``T_p + train_s``; the time
-    of step s is the mean over peers of that, less ``max_p T_p`` (a peer that started early
-    waited for the others in its first round, which is start-up, not the algorithm's time),
-    and 0 at step 0."""
+    ``synchronous`` (rounds: a peer waits for its neighbours): the clocks are aligned on the
+    last peer's start. Peer p began training at ``T_p`` (its lines' ``began``, a wall
+    time) and reached step s at ``T_p + train_s``; the time of step s is the mean over peers
+    of that, less ``max_p T_p`` (a peer that started early waited for the others in its first
+    round, which is start-up, not the algorithm's time), and 0 at step 0. Asynchronous peers
+    (AD-PSGD) wait for nobody: each is on its own clock, and the time of step s is the
+    harmonic mean of their ``train_s``, ``s / mean_p(s / train_s_p)``: when the swarm has
+    taken n·s steps in all at the peers' rates, which is the simulator's AD-PSGD round (the
+    next n events in time order, whoever takes them: a straggler takes fewer)."""
     by_step: dict[int, dict[int, dict[str, Any]]] = {}
     for index in peers:
         path = directory / f"peer-{index}.evals.jsonl"
@@ -174,15 +183,20 @@ def measured_curve(directory: Path, steps_per_round: int, peers: Sequence[int]) 
     if not steps:
         raise RuntimeError(f"no step that every peer evaluated in {directory}")
     first = by_step[steps[0]]
-    began = {index: first[index]["time"] + first[index]["eval_s"] for index in peers}
+    began = {index: float(first[index]["began"]) for index in peers}
     origin = max(began.values())
 
     def mean(values: Sequence[Any]) -> float:
         found = [float(v) for v in values if isinstance(v, int | float)]
         return sum(found) / len(found) if found else math.nan
 
+    def harmonic(values: Sequence[float]) -> float:
+        return 0.0 if min(values) <= 0 else len(values) / sum(1 / v for v in values)
+
     times = [
         max(0.0, mean([began[i] + e["train_s"] - origin for i, e in by_step[step].items()]))
+        if synchronous
+        else harmonic([float(e["train_s"]) for e in by_step[step].values()])
         for step in steps
     ]
     times[0] = 0.0
@@ -242,7 +256,12 @@ def predict(
     if code != 0:
         raise RuntimeError(f"the real swarm failed (exit code {code}); its files: {directory}")
     honest = [i for i, bad in enumerate(byzantine_mask(config)) if not bad]
-    measured = measured_curve(directory, steps_per_round(config), honest)
+    measured = measured_curve(
+        directory,
+        steps_per_round(config),
+        honest,
+        synchronous=config.algorithm.name not in ASYNCHRONOUS,
+    )
     if target is None:
         if metric != "accuracy":
             raise ValueError("--target-loss: needs a value")

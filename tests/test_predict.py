@@ -47,10 +47,10 @@ def test_time_to_target_interpolates_between_evaluations() -> None:
     assert curve.per_round() == pytest.approx(0.75)
 
 
-def test_the_measured_clock_starts_when_the_last_peer_starts(tmp_path: Path) -> None:
+def test_the_measured_clock_starts_when_the_last_synchronous_peer_starts(tmp_path: Path) -> None:
     lines = {  # peer 1 started 0.5 s after peer 0 and caught up within the first round
-        0: [(0, 100.0, 0.0, 0.1), (2, 100.0, 0.9, 0.1)],
-        1: [(0, 100.5, 0.0, 0.1), (2, 100.5, 0.5, 0.1)],
+        0: [(0, 100.1, 0.0, 0.1), (2, 100.1, 0.9, 0.1)],
+        1: [(0, 100.6, 0.0, 0.1), (2, 100.6, 0.5, 0.1)],
     }
     for peer, entries in lines.items():
         (tmp_path / f"peer-{peer}.evals.jsonl").write_text(
@@ -58,7 +58,7 @@ def test_the_measured_clock_starts_when_the_last_peer_starts(tmp_path: Path) -> 
                 json.dumps(
                     {
                         "step": s,
-                        "time": t,
+                        "began": t,
                         "train_s": train,
                         "eval_s": spent,
                         "test_accuracy": 0.5 + s / 10,
@@ -74,6 +74,8 @@ def test_the_measured_clock_starts_when_the_last_peer_starts(tmp_path: Path) -> 
     # began at 100.1 and 100.6 (after the step-0 evaluation); step 2 at 101.0 and 101.1
     assert curve.time[1] == pytest.approx(((101.0 - 100.6) + (101.1 - 100.6)) / 2)
     assert curve.accuracy == (0.5, 0.7)
+    own = measured_curve(tmp_path, 1, [0, 1], synchronous=False)  # AD-PSGD: own clocks
+    assert own.time[1] == pytest.approx(2 / (1 / 0.9 + 1 / 0.5))  # the swarm's step rate
 
 
 def test_predict_runs_the_file_both_ways_and_reports_each_error(

@@ -172,6 +172,9 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
+    curve = _EvalLog(peer, data, args)
+    if not args.resume:
+        await curve.maybe_evaluate()  # the initial model, before any neighbour averages it
     try:
         await peer.start()
     except JoinError as error:
@@ -199,8 +202,8 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
         target = peer.step + args.steps if args.steps else None
-        curve = _EvalLog(peer, data, args)
-        await curve.maybe_evaluate()
+        await curve.begin()
+        await curve.maybe_evaluate()  # a resumed peer's first
         while not stop.is_set() and (target is None or peer.step < target):
             if peer.privacy is not None and peer.privacy.stopped:
                 break  # the privacy budget is spent (the peer warned)
@@ -246,18 +249,22 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
 
 class _EvalLog:
     """``--eval-every N --eval-log FILE``: the test metrics at step 0 and every N steps, one
-    JSON line each, timed on the peer's clock: ``train_s`` is the seconds since training
-    began (the first evaluation) less the evaluations' own time (``eval_s``, in total so
-    far), so the curve is of training as the simulator charges it, which does not evaluate
-    on the clock; ``time`` is the wall clock (``time.time()``) when the evaluation began."""
+    JSON line each, timed on the peer's clock. Step 0 is evaluated before the peer starts (the
+    initial model, before any neighbour can average with it), unless it resumes. ``began`` is
+    the wall clock (``time.time()``) when training began (:meth:`begin`), the same on every
+    line; ``train_s`` the seconds since then less the evaluations' own time (``eval_s``, in
+    total so far), so the curve is of training as the simulator charges it, which does not
+    evaluate on the clock."""
 
     def __init__(self, peer: Peer, data: Dataset, args: argparse.Namespace) -> None:
         self.peer, self.data = peer, data
         self.every = int(getattr(args, "eval_every", 0) or 0)
         self.path: str | None = getattr(args, "eval_log", None)
         self.start: float | None = None
+        self.began = 0.0
         self.spent = 0.0
         self.last: int | None = None
+        self.pending: dict[str, Any] | None = None
 
     def bound(self, chunk: int) -> int:
         """``chunk`` steps, or fewer so that a chunk ends at the next evaluation's step."""
@@ -265,29 +272,40 @@ class _EvalLog:
             return chunk
         return max(1, min(chunk, self.every - self.peer.step % self.every))
 
+    async def begin(self) -> None:
+        """Training begins now: the clock starts, and a step-0 evaluation made before is
+        written."""
+        self.start, self.began = time.perf_counter(), time.time()
+        if self.pending is not None:
+            await self._write({**self.pending, "began": self.began, "train_s": 0.0})
+            self.pending = None
+
     async def maybe_evaluate(self) -> None:
+        """Evaluate if this step is one of every N (once per step)."""
         step = self.peer.step
         if not self.every or self.path is None or step % self.every or step == self.last:
             return
         began = time.perf_counter()
-        if self.start is None:
-            self.start = began
-        wall = time.time()
         scores = await asyncio.to_thread(
             self.peer.trainer.evaluate_task, self.data.x_test, self.data.y_test, self.data.task
         )
+        self.last = step
         line = {
             "id": self.peer.peer_id,
             "step": step,
             "round": self.peer.round,
-            "time": wall,
-            "train_s": began - self.start - self.spent,
             **{f"test_{name}": value for name, value in scores.items()},
         }
+        if self.start is None:  # before training: written when it begins
+            self.pending = line
+            return
+        line["train_s"] = began - self.start - self.spent
         self.spent += time.perf_counter() - began
-        line["eval_s"] = self.spent
-        self.last = step
-        text = json.dumps(line) + "\n"
+        await self._write({**line, "began": self.began})
+
+    async def _write(self, line: dict[str, Any]) -> None:
+        assert self.path is not None
+        text = json.dumps({**line, "eval_s": self.spent}) + "\n"
         await asyncio.to_thread(_append, self.path, text)
 
 
