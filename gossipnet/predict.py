@@ -18,7 +18,9 @@ predicted and measured
   each clock; by default the target is 90 % of the lower of the two runs' best accuracy,
   one both reach;
 
-with the error of each, ``(predicted - measured) / measured``, and draws the two curves
+with the error of each, ``(predicted - measured) / measured``, then the time model's terms
+(compute per local step; for synchronous rounds the round less its compute), and draws the
+two curves
 (accuracy and loss against seconds) in one figure. Accuracy is the same quantity on both
 sides (the mean over peers of each one's own model, the simulator's ``peer_accuracy_mean``);
 loss is the simulator's average model's (``test_loss``) against the peers' mean: close when
@@ -73,6 +75,11 @@ class Curve:
     time: tuple[float, ...]
     accuracy: tuple[float, ...]
     loss: tuple[float, ...]
+    compute_per_step: float = math.nan
+    """The peers' mean time per local step of their own compute (a straggler's included)."""
+    compute_per_round: float = math.nan
+    """The round's compute on the critical path: the slowest peer's H steps (synchronous);
+    ``nan`` where rounds are not on one clock (AD-PSGD)."""
 
     def per_round(self) -> float:
         """Seconds per round, from the last evaluation."""
@@ -102,7 +109,9 @@ class Prediction:
         )
 
     def rows(self) -> list[tuple[str, float, float, float]]:
-        """``(what, predicted, measured, error)`` for time per round and time to target."""
+        """``(what, predicted, measured, error)`` for time per round and time to target,
+        then the time model's terms: compute per local step and, for synchronous rounds, the
+        round less its compute (communication and waiting)."""
         target = (
             f"time to accuracy {self.target:.3g}"
             if self.metric == "accuracy"
@@ -114,7 +123,15 @@ class Prediction:
             (target, self.time_to_target),
         ):
             out.append((what, p, m, error(p, m)))
-        return out
+        pc, mc = self.predicted, self.measured
+        out.append(("  compute per local step", pc.compute_per_step, mc.compute_per_step, 0.0))
+        if math.isfinite(mc.compute_per_round):
+            rest = (
+                self.round_time[0] - pc.compute_per_round,
+                self.round_time[1] - mc.compute_per_round,
+            )
+            out.append(("  round less its compute", *rest, 0.0))
+        return [(what, p, m, error(p, m)) for what, p, m, _ in out]
 
     def summary(self) -> dict[str, Any]:
         """The numbers, for ``--json`` and a grid's table."""
@@ -126,6 +143,10 @@ class Prediction:
             "calibrated": self.calibrated,
             "round_time": {"predicted": per_p, "measured": per_m, "error": error(per_p, per_m)},
             "time_to_target": {"predicted": to_p, "measured": to_m, "error": error(to_p, to_m)},
+            "terms": {
+                what.strip(): {"predicted": p, "measured": m, "error": e}
+                for what, p, m, e in self.rows()[2:]
+            },
             "predicted": asdict(self.predicted),
             "measured": asdict(self.measured),
         }
@@ -200,27 +221,50 @@ def measured_curve(
         for step in steps
     ]
     times[0] = 0.0
+    last = by_step[steps[-1]]
+    compute = {
+        i: float(e.get("compute_s") or 0.0) + float(e.get("slowdown_waited_s") or 0.0)
+        for i, e in last.items()
+    }
+    has_compute = steps[-1] > 0 and all("compute_s" in e for e in last.values())
+    per_step = mean([c / steps[-1] for c in compute.values()]) if has_compute else math.nan
+    per_round = (
+        max(compute.values()) / (steps[-1] / steps_per_round)
+        if has_compute and synchronous
+        else math.nan
+    )
     return Curve(
         rounds=tuple(step / steps_per_round for step in steps),
         time=tuple(times),
         accuracy=tuple(mean([e.get("test_accuracy") for e in by_step[s].values()]) for s in steps),
         loss=tuple(mean([e.get("test_loss") for e in by_step[s].values()]) for s in steps),
+        compute_per_step=per_step,
+        compute_per_round=per_round,
     )
 
 
 def simulated_curve(config: Any) -> Curve:
     """The simulator's curve of ``config``: each evaluation's round, simulated time, the
     honest peers' mean test accuracy and the average model's test loss."""
+    from gossipnet.experiment_launch import steps_per_round
     from sim.build import build
     from sim.runner import run
 
     algorithm, ctx, evaluation = build(config)
     records = run(algorithm, ctx, evaluation, rounds=config.rounds, eval_every=config.eval_every)
+    net, n = config.network, config.workload.peers
+    factors = [float(net.stragglers.get(i, 1.0)) for i in range(n)]
+    per_step = net.step_time * sum(factors) / n
+    synchronous = config.algorithm.name not in ASYNCHRONOUS
     return Curve(
         rounds=tuple(float(r.round) for r in records),
         time=tuple(float(r.time) for r in records),
         accuracy=tuple(float(r.peer_accuracy_mean) for r in records),
         loss=tuple(float(r.test_loss) for r in records),
+        compute_per_step=per_step,
+        compute_per_round=(
+            net.step_time * max(factors) * steps_per_round(config) if synchronous else math.nan
+        ),
     )
 
 
@@ -316,6 +360,10 @@ def _percent(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{100 * value:+.1f} %"
 
 
+def _milliseconds(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value * 1e3:.3g} ms"
+
+
 def _seconds(value: float) -> str:
     return "not reached" if not math.isfinite(value) else f"{value:.3g} s"
 
@@ -328,7 +376,8 @@ def print_table(prediction: Prediction) -> None:
     for column in ("", "predicted", "measured", "error"):
         table.add_column(column, justify="left" if not column else "right")
     for what, p, m, e in prediction.rows():
-        table.add_row(what, _seconds(p), _seconds(m), _percent(e))
+        shown = _seconds if what.startswith("time") else _milliseconds
+        table.add_row(what, shown(p), shown(m), _percent(e))
     Console().print(table)
 
 

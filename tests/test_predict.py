@@ -102,3 +102,7 @@ def test_predict_runs_the_file_both_ways_and_reports_each_error(
         (per_round["predicted"] - per_round["measured"]) / per_round["measured"]
     )
     assert figure.stat().st_size > 10_000
+    terms = summary["terms"]  # the time model's terms, each side
+    assert terms["compute per local step"]["predicted"] == pytest.approx(0.002)
+    assert terms["compute per local step"]["measured"] > 0
+    assert "round less its compute" in terms and "compute per local step" in out

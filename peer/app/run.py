@@ -254,7 +254,8 @@ class _EvalLog:
     the wall clock (``time.time()``) when training began (:meth:`begin`), the same on every
     line; ``train_s`` the seconds since then less the evaluations' own time (``eval_s``, in
     total so far), so the curve is of training as the simulator charges it, which does not
-    evaluate on the clock."""
+    evaluate on the clock; ``compute_s`` and ``slowdown_waited_s`` the local steps' own
+    compute so far and a straggler's wait on top of it (``GET /v1/status``'s)."""
 
     def __init__(self, peer: Peer, data: Dataset, args: argparse.Namespace) -> None:
         self.peer, self.data = peer, data
@@ -300,6 +301,9 @@ class _EvalLog:
             self.pending = line
             return
         line["train_s"] = began - self.start - self.spent
+        status = self.peer.status()  # its local steps' own compute, and a straggler's wait
+        line["compute_s"] = status.get("compute_s")
+        line["slowdown_waited_s"] = status.get("slowdown_waited_s")
         self.spent += time.perf_counter() - began
         await self._write({**line, "began": self.began})
 
