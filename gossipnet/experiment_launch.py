@@ -7,6 +7,8 @@ initial model (every peer builds it from the seed, as every simulated row is), o
 schedule, algorithm and its settings, topology or time-varying schedule, Byzantine peers and
 attack, compressor, DP-SGD, network regime (emulated links, :mod:`peer.transport.shaping`),
 stragglers (``launch --stragglers``: each local step of a straggler takes k times its compute),
+crashes (``launch --crashes``: the peer SIGKILLed at ``at`` seconds and restarted from its
+checkpoint at ``rejoin``),
 number of steps (``rounds`` x the local steps of a round) and evaluations (``eval_every``
 rounds: each peer's timed curve, ``launch --eval-every``).
 
@@ -19,8 +21,8 @@ runners' vocabularies and ``sim`` and ``peer`` never import each other.
 What only the simulator can do is refused before anything starts, one line naming the key,
 exit code 2 (:func:`launch_plan`): the baselines (a server or an all-reduce), per-link
 overrides (an emulated link is a peer's uplink), ``server_bandwidth``, random compute
-(``compute_distribution`` other than ``constant``, ``compute_spread``), crashes (until their
-real counterpart lands), ``init = "independent"``, a ``label_sets`` table and a
+(``compute_distribution`` other than ``constant``, ``compute_spread``),
+``init = "independent"``, a ``label_sets`` table and a
 ``[graph]``. The time model's own keys (``step_time``, ``stack_latency``,
 ``stack_bandwidth``) describe this machine, which the real run measures: they are read by
 ``gossipnet sim predict``, not by the peers; ``[output]`` is the simulator's. A ``latency`` or
@@ -106,8 +108,6 @@ def _refuse(config: Any) -> None:
          "time their steps take; allowed: constant"),
         (net.compute_spread, "network.compute_spread", "draws simulated compute times; "
          "allowed: 0"),
-        (net.crashes, "network.crashes", "killed and restarted real peers are not mapped yet "
-         "(launch --crashes); remove it to launch, or simulate it"),
         (w.init != "same", "workload.init", "real peers start from one model built from the "
          "seed; allowed: same"),
         (w.label_sets is not None, "workload.label_sets", "a peer takes its partition as a "
@@ -190,6 +190,12 @@ def launch_plan(config: Any) -> LaunchPlan:
     if net.stragglers:  # each local step of peer i takes k times its compute (--slowdown)
         slowed = ",".join(f"{peer}={factor!r}" for peer, factor in sorted(net.stragglers.items()))
         plan.add("--stragglers", slowed, "network.stragglers")
+    if net.crashes:  # SIGKILLed at AT, started again from its checkpoint at the rejoin
+        crashes = ",".join(
+            f"{c.peer}@{c.at!r}" + ("" if c.rejoin is None else f"+{c.rejoin - c.at!r}")
+            for c in net.crashes
+        )
+        plan.add("--crashes", crashes, "network.crashes")
     byzantine = [int(i) for i in byzantine_mask(config).nonzero()[0]]
     if byzantine:
         key = "byzantine.peers" if config.byzantine.chosen else "byzantine.count"

@@ -58,6 +58,7 @@ latency = [0.01, 0.01, 0.02, 0.01, 0.01]
 bandwidth = 1.25e7
 message_loss = 0.01
 stragglers = {"3-4" = 3.0}
+crashes = [{peer = 1, at = 0.5, rejoin = 2.0}, {peer = 2, at = 1.0}]
 [byzantine]
 count = 1
 attack = "sign-flip"
@@ -81,6 +82,7 @@ attack = "sign-flip"
     assert all("--message-loss" in own and "--bandwidth" in own for own in per_peer.values())
     assert "--latency" not in flags  # per peer, not swarm-wide
     assert flags["--stragglers"] == ["3=3.0,4=3.0"]
+    assert flags["--crashes"] == ["1@0.5+1.5,2@1.0"]  # rejoin = AT + DOWN; no rejoin: for good
     assert plan.origins["--peers"] == "workload.peers"
 
 
@@ -94,7 +96,6 @@ attack = "sign-flip"
         ),
         ("[network]\nserver_bandwidth = 1e9", "network.server_bandwidth"),
         ('[network]\ncompute_distribution = "exponential"', "network.compute_distribution"),
-        ("[network]\ncrashes = [{peer = 1, at = 0.5}]", "network.crashes"),
         ("[workload2]\n", "workload2"),
     ],
 )

@@ -5,11 +5,27 @@ The real counterparts of the simulator's ``[network]`` models (:mod:`sim.network
 * ``--stragglers PEER=FACTOR[,...]`` is ``stragglers = {PEER = FACTOR}``: those peers get
   ``gossipnet peer --slowdown FACTOR`` (each local step takes FACTOR times its compute,
   :mod:`peer.node.straggler`). PEER is an id or a range ``A-B``, as the simulator's keys.
+* ``--crashes PEER@AT[+DOWN][,...]`` is ``crashes = [{peer, at, rejoin}]`` with
+  ``rejoin = AT + DOWN`` (:class:`Crash`): the launcher SIGKILLs the peer AT seconds after
+  the swarm starts training and, with +DOWN, starts it again DOWN seconds later, from its
+  newest checkpoint (:func:`run_crashes`). The results say who crashed and when it came back;
+  a peer down at the end is left out of the means (:func:`annotate`).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from peer.app.swarm import PeerProcess, Swarm, read_text
 
 
 def _peers(text: str, peers: int, flag: str) -> tuple[int, ...]:
@@ -56,3 +72,233 @@ def parse_stragglers(text: str | None, peers: int) -> dict[int, float]:
                 raise ValueError(f"{flag}: peer {peer} is given twice; give it once")
             found[peer] = factor
     return found
+
+
+@dataclass(frozen=True)
+class Crash:
+    """Peer ``peer`` is killed ``at`` seconds after the swarm starts training and restarted
+    at ``rejoin`` (seconds after the same start; None: down to the end): the simulator's
+    :class:`sim.network.Crash`, whose ``rejoin`` is absolute too (``--crashes P@AT+DOWN``
+    is ``rejoin = AT + DOWN``)."""
+
+    peer: int
+    at: float
+    rejoin: float | None = None
+
+
+def parse_crashes(text: str | None, peers: int) -> tuple[Crash, ...]:
+    """``--crashes PEER@AT[+DOWN][,...]`` as crashes in time order (empty for None); a
+    ``ValueError`` starting ``--crashes:`` for an id outside ``[0, peers)``, a time that is
+    not finite (AT >= 0, DOWN > 0), or two crashes of one peer that overlap (a peer must be
+    back before it crashes again; one down to the end is its last)."""
+    flag = "--crashes"
+    if text is None:
+        return ()
+    crashes: list[Crash] = []
+    for entry in text.split(","):
+        who, at_sign, when = entry.partition("@")
+        if not at_sign:
+            raise ValueError(
+                f"{flag}: each entry must be PEER@AT or PEER@AT+DOWN (seconds, e.g. 2@10+5), "
+                f"got {entry.strip()!r}"
+            )
+        if not who.strip().isdigit():
+            raise ValueError(f"{flag}: a peer must be an id, got {who.strip()!r}")
+        peer = int(who)
+        if peer >= peers:
+            raise ValueError(f"{flag}: peer {peer} is outside 0..{peers - 1} (--peers {peers})")
+        at_text, plus, down_text = when.partition("+")
+        at = _number(at_text, flag, f"AT of peer {peer}")
+        if at < 0:
+            raise ValueError(f"{flag}: AT of peer {peer} must be >= 0 seconds, got {at:g}")
+        rejoin = None
+        if plus:
+            down = _number(down_text, flag, f"DOWN of peer {peer}")
+            if down <= 0:
+                raise ValueError(f"{flag}: DOWN of peer {peer} must be > 0 seconds, got {down:g}")
+            rejoin = at + down
+        crashes.append(Crash(peer, at, rejoin))
+    crashes.sort(key=lambda crash: (crash.at, crash.peer))
+    back: dict[int, float | None] = {}
+    for crash in crashes:
+        if crash.peer in back:
+            previous = back[crash.peer]
+            if previous is None or crash.at <= previous:
+                until = "the end" if previous is None else f"{previous:g} s"
+                raise ValueError(
+                    f"{flag}: peer {crash.peer} crashes at {crash.at:g} s while still down "
+                    f"(until {until}); a peer must be back before it crashes again"
+                )
+        back[crash.peer] = crash.rejoin
+    return tuple(crashes)
+
+
+async def _step_of(session: aiohttp.ClientSession, peer: PeerProcess) -> int | None:
+    """The step ``peer`` reports in ``GET /v1/status`` now (None: no answer)."""
+    address = peer.address or read_text(peer.address_file).strip() or None
+    if address is None or peer.process.poll() is not None:
+        return None
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+        async with session.get(f"http://{address}/v1/status") as response:
+            if response.status == 200:
+                step = (await response.json()).get("step")
+                return step if isinstance(step, int) else None
+    return None
+
+
+async def _until(moment: float, stop: asyncio.Event) -> bool:
+    """Wait until ``time.monotonic()`` reaches ``moment``; False if ``stop`` came first."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, moment - time.monotonic()))
+    return not stop.is_set()
+
+
+async def training_started(
+    swarm: Swarm, stop: asyncio.Event, session: aiohttp.ClientSession
+) -> float | None:
+    """``time.monotonic()`` when the first peer reports a step (polled every 0.1 s, so
+    within about 0.1 s of its first step): the swarm's time 0, the simulator's; None if
+    ``stop`` is set first."""
+    while not stop.is_set():
+        steps = await asyncio.gather(*(_step_of(session, peer) for peer in swarm.peers))
+        if any(step for step in steps):
+            return time.monotonic()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+    return None
+
+
+async def run_crashes(
+    swarm: Swarm, crashes: Sequence[Crash], stop: asyncio.Event, say: Callable[[str], None]
+) -> None:
+    """Carry out ``launch --crashes`` on a started swarm: from the moment it starts training
+    (:func:`training_started`), SIGKILL each crash's peer at ``at`` (a crash: no goodbye, no
+    checkpoint at stop) and, at ``rejoin``, start it again: with ``--resume`` from its newest
+    checkpoint (it checkpoints every :func:`peer.app.swarm.crash_checkpoint_every` steps
+    unless ``--checkpoint-every`` says otherwise; it rejoins the members that checkpoint
+    remembers and trains on to ``--steps`` in all), or, if it crashed before its first one,
+    afresh from the initial model (``--no-fetch-state``, as the simulator's rejoining peer
+    keeps its own model) with all its steps. Each crash is recorded on the peer
+    (``PeerProcess.crashes``): ``pid`` (the process killed), ``at``, ``restarted`` and ``rejoined`` (its first step after
+    the restart) in seconds since time 0, and ``from_step``. A crash whose peer already
+    exited is recorded as ``skipped``."""
+    timeout = aiohttp.ClientTimeout(total=1.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        start = await training_started(swarm, stop, session)
+        if start is None:
+            return
+        watchers: list[asyncio.Task[None]] = []
+        events = sorted(
+            [(crash.at, 0, crash) for crash in crashes]
+            + [(crash.rejoin, 1, crash) for crash in crashes if crash.rejoin is not None]
+        )
+        records: dict[Crash, dict[str, Any]] = {}
+        try:
+            for moment, kind, crash in events:
+                peer = swarm.peers[crash.peer]
+                if kind == 1 and crash not in records:
+                    continue  # its crash was skipped
+                if not await _until(start + moment, stop):
+                    return
+                now = round(time.monotonic() - start, 3)
+                if kind == 0:
+                    if peer.process.poll() is not None:
+                        peer.crashes.append({"planned_at": crash.at, "skipped": "had exited"})
+                        continue
+                    pid = peer.process.pid
+                    peer.process.kill()  # SIGKILL
+                    await asyncio.to_thread(peer.process.wait)
+                    peer.down = True
+                    peer.restart_pending = crash.rejoin is not None
+                    records[crash] = {"planned_at": crash.at, "at": now, "pid": pid}
+                    records[crash].update(restarted=None, rejoined=None)
+                    peer.crashes.append(records[crash])
+                    say(f"{peer.peer_id} crashed (SIGKILL) at {now:.1f} s (--crashes)")
+                    continue
+                from_step = await asyncio.to_thread(_checkpoint_step, swarm, peer)
+                args = argparse.Namespace(**vars(swarm.args))
+                args.resumed = None if from_step is None else {peer.index: from_step}
+                more = ["--wait-for-peers", "0"]  # it joins at start: no waiting for all
+                if from_step is None:
+                    more.append("--no-fetch-state")
+                swarm.respawn(peer, args, more)
+                peer.down = peer.restart_pending = False
+                records[crash].update(restarted=now, from_step=from_step)
+                resumed = "afresh" if from_step is None else f"from its step {from_step}"
+                say(f"{peer.peer_id} restarted at {now:.1f} s, {resumed} (--crashes)")
+                watchers.append(
+                    asyncio.create_task(_rejoined(session, peer, records[crash], start, from_step))
+                )
+            await asyncio.gather(*watchers)
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+
+
+async def _rejoined(
+    session: aiohttp.ClientSession,
+    peer: PeerProcess,
+    record: dict[str, Any],
+    start: float,
+    from_step: int | None,
+) -> None:
+    """Record when the restarted ``peer`` first reports a step past ``from_step``."""
+    while peer.process.poll() is None:
+        step = await _step_of(session, peer)
+        if step is not None and step > (from_step or 0):
+            record["rejoined"] = round(time.monotonic() - start, 3)
+            return
+        await asyncio.sleep(0.1)
+
+
+def _checkpoint_step(swarm: Swarm, peer: PeerProcess) -> int | None:
+    """The step of ``peer``'s newest valid checkpoint in the run directory (None: none)."""
+    from peer.node.checkpoint import CheckpointError, load_latest
+
+    try:
+        checkpoint = load_latest(swarm.directory / f"{peer.peer_id}.checkpoints")
+    except CheckpointError:
+        return None
+    return None if checkpoint is None else checkpoint.step
+
+
+def annotate(results: dict[str, Any], swarm: Swarm) -> list[str]:
+    """Add each straggler's ``slowdown``, every peer's ``compute_s`` and
+    ``slowdown_waited_s`` as last polled, and each crashed peer's ``crashes`` to its entry of
+    ``results`` (the ``--json`` line) and ``down: true`` to a peer down at the end, whose
+    missing evaluation leaves it out of the means; returns one line per crashed peer for the
+    summary."""
+    slowdowns: dict[int, float] = getattr(swarm.args, "slowdowns", {})
+    lines = []
+    for peer, entry in zip(swarm.peers, results["peers"], strict=True):
+        if peer.index in slowdowns:
+            entry["slowdown"] = slowdowns[peer.index]
+        for key in ("compute_s", "slowdown_waited_s"):  # as last polled (/v1/status)
+            if key in peer.status:
+                entry[key] = peer.status[key]
+        if not peer.crashes:
+            continue
+        entry["crashes"] = peer.crashes
+        parts = []
+        for record in peer.crashes:
+            if "skipped" in record:
+                parts.append(f"its crash at {record['planned_at']:g} s skipped (it had exited)")
+                continue
+            part = f"crashed at {record['at']:.1f} s"
+            if record["restarted"] is not None:
+                start = (
+                    "afresh"
+                    if record.get("from_step") is None
+                    else f"from its step {record['from_step']}"
+                )
+                part += f", restarted at {record['restarted']:.1f} s {start}"
+                if record["rejoined"] is not None:
+                    part += f", training again at {record['rejoined']:.1f} s"
+            parts.append(part)
+        line = f"{peer.peer_id} " + "; ".join(parts)
+        if peer.down:
+            entry["down"] = True
+            line += "; down at the end: left out of the means"
+        lines.append(line)
+    return lines

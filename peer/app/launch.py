@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.app.churn import parse_stragglers
+from peer.app.churn import annotate, parse_crashes, parse_stragglers, run_crashes
 from peer.app.peer_flags import (
     add_link_flags,
     add_optimizer_flags,
@@ -107,8 +107,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "a live table shows their progress, and at the end each peer's test metric is "
             "printed beside a centralized run on the same data and number of samples."
         ),
-        epilog="Every option but --peers, --client-only, --stragglers, --resume, --grace, "
-        "--no-centralized, --dir, --json, --progress, --save-model, --log-dir, "
+        epilog="Every option but --peers, --client-only, --stragglers, --crashes, --resume, "
+        "--grace, --no-centralized, --dir, --json, --progress, --save-model, --log-dir, "
         "--byzantine-peers, --peer-args and --peer-args-for is passed to each peer unchanged. "
         "An experiment file instead of flags: gossipnet launch EXPERIMENT.toml "
         "(docs/prediction.md). Guide: docs/peer.md.",
@@ -150,6 +150,15 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="emulated stragglers (the simulator's [network] stragglers): each local step of "
         "those peers takes FACTOR (>= 1) times its compute (their --slowdown); PEER is an id "
         "or a range A-B, e.g. 3=3 or 0-1=2,5=4 (default: none)",
+    )
+    swarm.add_argument(
+        "--crashes",
+        metavar="PEER@AT[+DOWN][,...]",
+        help="churn (the simulator's [network] crashes, rejoin = AT + DOWN): SIGKILL peer "
+        "PEER AT seconds after the swarm starts training and, with +DOWN, start it again DOWN "
+        "seconds later from its newest checkpoint (it checkpoints every 5%% of --steps unless "
+        "--checkpoint-every says otherwise); a peer down at the end is left out of the means; "
+        "e.g. 2@10+5,3@20 (default: none)",
     )
     swarm.add_argument(
         "--fanout",
@@ -349,6 +358,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error(str(error))
     try:
         args.slowdowns = parse_stragglers(args.stragglers, args.peers)
+        args.crash_plan = parse_crashes(args.crashes, args.peers)
     except ValueError as error:
         parser.error(str(error))
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)
@@ -568,7 +578,19 @@ async def _launch(
             file=sys.stderr,
             flush=True,
         )
-    await watch(swarm, progress, stop, logbook)
+    churn = None
+    if args.crash_plan:
+        churn = asyncio.create_task(
+            run_crashes(swarm, args.crash_plan, stop, lambda line: _say("gossipnet launch", line))
+        )
+    try:
+        await watch(swarm, progress, stop, logbook)
+    finally:
+        if churn is not None:
+            churn.cancel()
+            [outcome] = await asyncio.gather(churn, return_exceptions=True)
+            if isinstance(outcome, Exception):
+                raise RuntimeError(f"--crashes: {type(outcome).__name__}: {outcome}")
     return stop.is_set()
 
 
@@ -650,6 +672,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         if reference is not None:
             reference.join()
         results = collect_results(swarm, baseline[0] if baseline else CentralizedResult())
+        churned = annotate(results, swarm)
         if logbook is not None:
             record_results(logbook, swarm, results)
     finally:
@@ -659,6 +682,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str) -
         results["model"], results["model_evaluation"], problem = _save_average(swarm, args)
         failed = failed or problem
     print_results(results, args)
+    for line in churned:
+        _say(prog, line)
     bad = [p for p in results["peers"] if "error" in p]
     if results.get("model"):
         print(f"{prog}: {args.model_note}", file=sys.stderr)

@@ -55,6 +55,8 @@ def _finished(peer: PeerProcess, steps: int, holding: bool) -> bool:
     """Exited, or, for a holding peer (which waits for the launcher's SIGTERM), reached
     ``steps``. A peer that does not hold is done only when it exits: after its steps it
     still evaluates and writes its results, which on busy cores can take a while."""
+    if peer.restart_pending:  # down, and launch --crashes will start it again
+        return False
     if peer.process.poll() is not None:
         return True
     return holding and int(peer.status.get("step", 0)) >= steps
@@ -143,7 +145,9 @@ async def watch(
                 drawn.enter_context(above_live(console))  # log lines go above the table
             last_line = time.monotonic()
             holding = holds(swarm.args)
-            while swarm.alive() and not stop.is_set():
+            while (swarm.alive() or any(p.restart_pending for p in swarm.peers)) and not (
+                stop.is_set()
+            ):
                 await poll_all()
                 if all(_finished(p, swarm.args.steps, holding) for p in swarm.peers):
                     break

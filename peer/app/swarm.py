@@ -72,6 +72,15 @@ class PeerProcess:
     last_bytes: tuple[float, float] | None = None
     killed: str | None = None
     """Why the launcher killed it (:meth:`Swarm.stop`), for :meth:`exit_reason`."""
+    extra: tuple[str, ...] = ()
+    """The flags :meth:`Swarm.spawn` added to its command (its port, ``--join``), which a
+    restart (:meth:`Swarm.respawn`) gives it again."""
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+    """``launch --crashes``: each crash as it happened (:mod:`peer.app.churn`)."""
+    down: bool = False
+    """Killed by ``launch --crashes`` and not restarted (yet): not a failure."""
+    restart_pending: bool = False
+    """Down, and its restart is still to come (the launcher keeps watching for it)."""
 
     @property
     def stdout(self) -> Path:
@@ -98,6 +107,8 @@ class PeerProcess:
         """Exited with an error: a non-zero exit code, or killed by a signal other than the
         launcher's SIGTERM (which a peer answers with a clean stop, exit code 0)."""
         code = self.process.returncode
+        if self.down and code == -signal.SIGKILL:  # crashed on purpose (launch --crashes)
+            return False
         return code is not None and code not in (0, -signal.SIGTERM)
 
     def exit_reason(self) -> str:
@@ -109,6 +120,8 @@ class PeerProcess:
             return "still running"
         if self.killed is not None and code == -signal.SIGKILL:
             return self.killed
+        if self.down and code == -signal.SIGKILL:
+            return f"down since its crash at {self.crashes[-1]['at']:.1f} s (--crashes)"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -137,6 +150,8 @@ class PeerProcess:
             if steps is not None and step >= steps:
                 return "finished"
             return "waiting" if step == 0 else "running"
+        if self.down:
+            return "down"
         if self.failed():
             return f"failed: {self.exit_reason()}"
         return "finished" if reached else "stopped"
@@ -249,8 +264,12 @@ def peer_flags(
         flags += ["--secret-file", str(secret_file)]
     if holds(args):
         flags.append("--hold")
-    if args.checkpoint_every or getattr(args, "dir", None) is not None:  # a kept run resumes
+    crashing = index in {crash.peer for crash in getattr(args, "crash_plan", ())}
+    if args.checkpoint_every or getattr(args, "dir", None) is not None or crashing:
+        # a kept run resumes; a peer that --crashes rejoins from its newest checkpoint
         flags += ["--checkpoint-dir", str(directory / f"peer-{index}.checkpoints")]
+    if crashing and not args.checkpoint_every:
+        flags += ["--checkpoint-every", str(crash_checkpoint_every(args.steps))]
     if resumed is not None:
         flags.append("--resume")
     if getattr(args, "save_model", None):
@@ -276,6 +295,13 @@ def byzantine_peers(args: argparse.Namespace) -> frozenset[int]:
         return frozenset(chosen)
     count = getattr(args, "byzantine_count", 0)
     return frozenset(range(args.peers - count, args.peers))
+
+
+def crash_checkpoint_every(steps: int) -> int:
+    """How often a peer that ``launch --crashes`` kills checkpoints without
+    ``--checkpoint-every``: every 5 % of ``--steps``, so it rejoins at most that many steps
+    older than it crashed (the simulator's crashed peer keeps its model to the step)."""
+    return max(1, steps // 20)
 
 
 class Swarm:
@@ -314,25 +340,56 @@ class Swarm:
             # a run resumed in the same --dir: nothing of the last run may pass for this one's
             (self.directory / f"{peer_id}.{stale}").unlink(missing_ok=True)
         command = [sys.executable, "-m", "gossipnet", "peer", *self._common(index), *extra]
+        process = self._popen(peer_id, command)
+        client_only = "--client-only" in extra
+        peer = PeerProcess(index, peer_id, process, self.directory, client_only, extra=tuple(extra))
+        self.peers.append(peer)
+        return peer
+
+    def _popen(self, peer_id: str, command: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``command`` in the swarm's process group, its output in the run directory."""
         (self.directory / f"{peer_id}.command").write_text(shlex.join(command) + "\n")
         with (
             open(self.directory / f"{peer_id}.out", "wb") as out,
             open(self.directory / f"{peer_id}.err", "wb") as err,
         ):
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                process_group=0 if self.group is None else self.group,
-            )
+            try:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    process_group=0 if self.group is None else self.group,
+                )
+            except PermissionError:  # every member of the group has exited: a new group
+                process = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0
+                )
+                self.group = None
         if self.group is None:
             self.group = process.pid
         (self.directory / f"{peer_id}.pid").write_text(f"{process.pid}\n")
-        client_only = "--client-only" in extra
-        peer = PeerProcess(index, peer_id, process, self.directory, client_only)
-        self.peers.append(peer)
-        return peer
+        return process
+
+    def respawn(self, peer: PeerProcess, args: argparse.Namespace, more: Sequence[str]) -> None:
+        """Start ``peer`` again (``launch --crashes``): its command with ``args`` (the
+        launch's, with ``resumed`` for this peer when it has a checkpoint), its spawn flags
+        and ``more``; its last life's output is kept as ``peer-<i>.life<k>.out``/``.err``."""
+        life = len(peer.crashes)
+        for suffix in ("out", "err"):
+            with contextlib.suppress(OSError):
+                os.replace(
+                    self.directory / f"{peer.peer_id}.{suffix}",
+                    self.directory / f"{peer.peer_id}.life{life}.{suffix}",
+                )
+        for stale in ("address", "eval.json"):
+            (self.directory / f"{peer.peer_id}.{stale}").unlink(missing_ok=True)
+        flags = peer_flags(
+            args, peer.index, self.directory, secret_file=self.secret_file, peer_file=self.peer_file
+        )
+        command = [sys.executable, "-m", "gossipnet", "peer", *flags, *peer.extra, *more]
+        peer.process = self._popen(peer.peer_id, command)
+        peer.address, peer.status, peer.last_bytes, peer.rate = None, {}, None, 0.0
 
     async def start(self, stop: asyncio.Event) -> bool:
         """Spawn every peer at once: with a peer file (``--topology``) every rank on its

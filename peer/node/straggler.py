@@ -3,7 +3,8 @@
 The real counterpart of the simulator's ``[network] stragglers = {peer = k}``
 (:class:`sim.network.ComputeModel`: peer i's step time is ``step_time · k``). After a
 gradient or optimizer step that took ``d`` seconds in its worker thread, the peer waits
-``(k − 1)·d`` more on its event loop (``asyncio.sleep``): the step costs ``k·d`` in all,
+``(k − 1)·d`` more on its event loop (``asyncio.sleep``, late returns taken off the next
+wait, :meth:`Slowdown.stretch`): the step costs ``k·d`` in all,
 whatever the model, the machine or the load, and the peer keeps serving its neighbours
 meanwhile with the model lock free, as the simulator's neighbours never wait for a
 straggler's compute. ``k = 1``: no wait, no cost. ``GET /v1/status`` reports the factor, the
@@ -26,7 +27,10 @@ class Slowdown:
         self.compute_s = 0.0
         """Seconds the timed steps took (their own compute, measured in the worker thread)."""
         self.waited_s = 0.0
-        """Seconds waited on top of them, ``(factor − 1) · compute_s``."""
+        """Seconds waited on top of them (slept, measured): ``(factor − 1) · compute_s`` to
+        within one sleep's lateness."""
+        self.owed = 0.0
+        """Seconds still to wait (negative: a sleep ran late, taken off the next wait)."""
 
     def timed(self, work: Callable[..., Any], *args: Any) -> float:
         """Run ``work(*args)`` (in the caller's thread: a worker thread) and return the
@@ -38,11 +42,20 @@ class Slowdown:
         return took
 
     async def stretch(self, took: float) -> None:
-        """Wait ``(factor − 1) · took`` seconds without blocking the event loop."""
-        wait = (self.factor - 1.0) * took
-        if wait > 0:
-            self.waited_s += wait
-            await asyncio.sleep(wait)
+        """Owe ``(factor − 1) · took`` more seconds and wait what is owed, without blocking
+        the event loop. The time really slept is paid off, so a sleep that returns late (the
+        loop's timer granularity: about 1 ms on a loaded machine) makes the next one
+        shorter, and over a run the waits add up to ``(factor − 1) · compute_s`` to within
+        one sleep's lateness."""
+        if self.factor == 1.0:
+            return
+        self.owed += (self.factor - 1.0) * took
+        if self.owed > 0:
+            start = time.perf_counter()
+            await asyncio.sleep(self.owed)
+            slept = time.perf_counter() - start
+            self.owed -= slept
+            self.waited_s += slept
 
     def to_json(self) -> dict[str, float]:
         """The status fields: ``slowdown``, ``compute_s`` and ``slowdown_waited_s``."""

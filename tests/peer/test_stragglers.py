@@ -53,7 +53,8 @@ async def test_a_slowed_peer_takes_k_times_its_compute_per_step() -> None:
     assert status["step"] == steps and status["slowdown"] == 3.0
     compute, waited = status["compute_s"], status["slowdown_waited_s"]
     assert compute > 0
-    assert waited == pytest.approx(2 * compute, rel=1e-3)  # (k - 1) x the measured compute
+    # (k - 1) x the measured compute, to within one sleep's lateness (paid off as it goes)
+    assert waited == pytest.approx(2 * compute, abs=0.02)
     assert wall >= compute + waited  # the waits really passed: the run took >= 3x compute
 
 

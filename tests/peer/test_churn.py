@@ -1,0 +1,120 @@
+"""Stragglers and churn of a real swarm: ``launch --crashes`` kills a peer process (SIGKILL)
+on schedule and starts it again from its checkpoint, and ``launch --stragglers`` slows
+another, in one small real launch; bad ``--crashes`` are one line, exit 2, through the real
+parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from peer.app.churn import Crash
+from peer.app.launch import _check
+from peer.app.launch import _parser as launch_parser
+from peer.app.swarm import peer_flags
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _checked(*argv: str) -> object:
+    parser = launch_parser("gossipnet launch", False)
+    args = parser.parse_args(["--peers", "4", "--steps", "200", "--no-centralized", *argv])
+    _check(args, parser)
+    return args
+
+
+def test_crashes_are_the_simulators_with_rejoin_at_plus_down() -> None:
+    args = _checked("--crashes", "3@20,1@2.5+4,1@10+1")
+    assert args.crash_plan == (Crash(1, 2.5, 6.5), Crash(1, 10.0, 11.0), Crash(3, 20.0, None))
+    flags = [peer_flags(args, i, Path("/r"), secret_file=None, peer_file=None) for i in range(4)]
+    for index in (1, 3):  # a peer that crashes checkpoints, to rejoin from its checkpoint
+        assert flags[index][flags[index].index("--checkpoint-dir") + 1] == (
+            f"/r/peer-{index}.checkpoints"
+        )
+        assert flags[index][flags[index].index("--checkpoint-every") + 1] == "10"
+    assert "--checkpoint-dir" not in flags[0] and "--checkpoint-dir" not in flags[2]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("4@1", "--crashes: peer 4 is outside 0..3 (--peers 4)"),
+        (
+            "1",
+            "--crashes: each entry must be PEER@AT or PEER@AT+DOWN (seconds, e.g. 2@10+5), got '1'",
+        ),
+        ("a@1", "--crashes: a peer must be an id, got 'a'"),
+        ("1@-1", "--crashes: AT of peer 1 must be >= 0 seconds, got -1"),
+        ("1@x", "--crashes: AT of peer 1 must be a number, got 'x'"),
+        ("1@1+0", "--crashes: DOWN of peer 1 must be > 0 seconds, got 0"),
+        ("1@1+nan", "--crashes: DOWN of peer 1 must be finite, got 'nan'"),
+        (
+            "1@1+5,1@3",
+            "--crashes: peer 1 crashes at 3 s while still down (until 6 s); a peer "
+            "must be back before it crashes again",
+        ),
+        (
+            "1@1,1@3+1",
+            "--crashes: peer 1 crashes at 3 s while still down (until the end); a "
+            "peer must be back before it crashes again",
+        ),
+    ],
+)
+def test_launch_refuses_bad_crashes_in_one_line(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        _checked("--crashes", value)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(message) and "\n" not in err
+
+
+@pytest.mark.slow
+def test_a_crashed_peer_is_killed_and_rejoins_and_a_straggler_is_slowed(
+    tmp_path: Path, dataset_cache: Path
+) -> None:
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "GOSSIPNET_SECRET"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gossipnet", "launch", "--peers", "2", "--steps", "300",
+         "--dataset", "synthetic:num_samples=600", "--no-centralized", "--progress", "none",
+         "--stragglers", "0=3", "--crashes", "1@0.5+1", "--dir", str(run), "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=240,
+        env={**env, "GOSSIPNET_CACHE": str(dataset_cache), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.splitlines()[-1])
+    straggler, crashed = results["peers"]
+    # the crash: killed on time, the process really gone, started again, trained again
+    [crash] = crashed["crashes"]
+    assert 0.5 <= crash["at"] < 1.5, crash
+    assert crash["restarted"] >= crash["at"] + 1 - 0.05, crash  # rejoin = at + down
+    assert crash["rejoined"] is not None and crash["rejoined"] > crash["restarted"], crash
+    with pytest.raises(ProcessLookupError):
+        os.kill(crash["pid"], 0)
+    assert int((run / "peer-1.pid").read_text()) != crash["pid"]
+    assert (run / "peer-1.life1.out").is_file()
+    assert f"peer-1 crashed at {crash['at']:.1f} s, restarted at" in result.stderr
+    assert crashed["step"] == 300 and crashed["state"] == "finished"
+    if crash["from_step"] is not None:  # resumed: its second life began at its checkpoint
+        assert f"resumed from {run}/peer-1.checkpoints" in (run / "peer-1.out").read_text()
+    # after the restart it is a member again: it exchanged with the other peer (the counts
+    # are its second life's) and its view lists it
+    assert crashed["exchanges_ok"] > 0
+    views = [
+        json.loads(line)["neighbours"]
+        for line in (run / "peer-1.out").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    assert any("peer-0" in view for view in views)
+    # the straggler waited twice its compute (factor 3); the other did not wait
+    assert straggler["slowdown"] == 3.0
+    assert straggler["slowdown_waited_s"] == pytest.approx(2 * straggler["compute_s"], abs=0.05)
+    assert straggler["compute_s"] > 0
+    assert "slowdown" not in crashed and crashed["slowdown_waited_s"] == 0.0
