@@ -106,3 +106,35 @@ def test_predict_runs_the_file_both_ways_and_reports_each_error(
     assert terms["compute per local step"]["predicted"] == pytest.approx(0.002)
     assert terms["compute per local step"]["measured"] > 0
     assert "round less its compute" in terms and "compute per local step" in out
+
+
+def test_every_cell_of_the_grid_is_an_experiment_its_peers_can_run(tmp_path: Path) -> None:
+    """``bench/predict_grid.py``'s cells: valid files, launchable as written (no key only the
+    simulator runs), with the same local steps and evaluation steps under every algorithm."""
+    import importlib.util
+    import tomllib
+
+    from gossipnet.experiment_launch import launch_plan
+    from sim.config import load_experiment
+
+    spec = importlib.util.spec_from_file_location(
+        "predict_grid", Path(__file__).resolve().parents[1] / "bench" / "predict_grid.py"
+    )
+    assert spec is not None and spec.loader is not None
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    base = tomllib.loads(grid.BASE.read_text())
+    calibration = {"step_time": 5e-4, "stack_latency": 3e-3, "stack_bandwidth": 5e8}
+    seen = set()
+    for algorithm in grid.ALGORITHMS:
+        for regime in grid.REGIMES:
+            file = tmp_path / f"{algorithm}-{regime}.toml"
+            grid.write_toml(grid.cell_table(base, algorithm, regime, calibration), file)
+            config = load_experiment(file)
+            assert config.workload.peers >= 8 and config.network.step_time == 5e-4
+            flags = launch_plan(config).flags
+            steps = flags[flags.index("--steps") + 1], flags[flags.index("--eval-every") + 1]
+            seen.add(steps)
+            assert ("--latency" in flags) == (regime == "50ms-100Mbit")
+            assert ("--stragglers" in flags) == (regime == "straggler-3x")
+    assert seen == {("200", "20")}  # DiLoCo: 20 rounds of H = 10, the same 200 local steps
