@@ -9,7 +9,9 @@ MNIST-1D, batch 32):
   gradient, then for the optimizer step), beyond the step itself;
 * ``encode``/``decode``: building and parsing one envelope of the model (DenseCodec + msgpack,
   ``pack_envelope`` / ``unpack_envelope``), and ``tag``: the Poly1305 body tag of it (the
-  stream signature; both are inside σ and S when calibrated, shown here apart);
+  stream signature; both are inside σ and S when calibrated, shown here apart), and
+  ``compress``: a ``topk:ratio=0.01`` encode of the model (CHOCO's, SparseLoCo's
+  compressor; calibration times the dense codec only);
 * ``connect``: a fresh HTTP connection to a peer against a kept-alive one (``GET
   /v1/status``);
 * ``contention``: an exchange's round trip while the callee trains (its event loop also
@@ -45,7 +47,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from peer.node.config import PeerConfig
 from peer.node.peer import Peer
-from peer.protocol.codecs import DenseCodec
+from peer.protocol.codecs import DenseCodec, build_codec
 from peer.protocol.wire import Envelope, ModelSpec, pack_envelope, unpack_envelope
 from workloads import build_model, load_dataset
 from workloads.batching import peer_batches
@@ -101,7 +103,14 @@ def _codec_and_tag(numel: int, repeats: int) -> dict[str, float]:
         started = time.perf_counter()
         Poly1305.generate_tag(os.urandom(32), body)
         tag.append(time.perf_counter() - started)
+    topk = build_codec("topk:ratio=0.01")
+    compress = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        topk.encode(vector)
+        compress.append(time.perf_counter() - started)
     return {
+        "compress": statistics.median(compress),
         "body_bytes": len(body),
         "encode": statistics.median(encode),
         "decode": statistics.median(decode),
@@ -226,6 +235,7 @@ def main() -> None:
         ("envelope encode (DenseCodec + msgpack)", out["encode"]),
         ("envelope decode", out["decode"]),
         ("Poly1305 tag of the body", out["tag"]),
+        ("topk:ratio=0.01 encode of the model (choco, sparseloco)", out["compress"]),
         ("GET /v1/status, fresh connection", out["connect_fresh"]),
         ("GET /v1/status, kept-alive connection", out["connect_kept"]),
         ("exchange round trip, callee idle", out["exchange_idle"]),

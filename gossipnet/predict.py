@@ -192,6 +192,7 @@ def measured_curve(
     taken n·s steps in all at the peers' rates, which is the simulator's AD-PSGD round (the
     next n events in time order, whoever takes them: a straggler takes fewer)."""
     by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    began: dict[int, float] = {}
     for index in peers:
         path = directory / f"peer-{index}.evals.jsonl"
         if not path.is_file():
@@ -199,13 +200,17 @@ def measured_curve(
         for line in path.read_text().splitlines():
             if line.strip():
                 entry = json.loads(line)
-                by_step.setdefault(int(entry["step"]), {})[index] = entry
+                began.setdefault(index, float(entry["began"]))  # its first start
+                # the first time it reached a step (a crashed peer restarted from a checkpoint
+                # evaluates a step again, on a new clock: its began + train_s is still wall)
+                by_step.setdefault(int(entry["step"]), {}).setdefault(index, entry)
     steps = sorted(step for step, entries in by_step.items() if len(entries) == len(peers))
     if not steps:
         raise RuntimeError(f"no step that every peer evaluated in {directory}")
-    first = by_step[steps[0]]
-    began = {index: float(first[index]["began"]) for index in peers}
     origin = max(began.values())
+
+    def wall(entry: dict[str, Any]) -> float:
+        return float(entry["began"]) + float(entry["train_s"])
 
     def mean(values: Sequence[Any]) -> float:
         found = [float(v) for v in values if isinstance(v, int | float)]
@@ -215,9 +220,9 @@ def measured_curve(
         return 0.0 if min(values) <= 0 else len(values) / sum(1 / v for v in values)
 
     times = [
-        max(0.0, mean([began[i] + e["train_s"] - origin for i, e in by_step[step].items()]))
+        max(0.0, mean([wall(e) - origin for e in by_step[step].values()]))
         if synchronous
-        else harmonic([float(e["train_s"]) for e in by_step[step].values()])
+        else harmonic([wall(e) - began[i] for i, e in by_step[step].items()])
         for step in steps
     ]
     times[0] = 0.0

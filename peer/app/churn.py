@@ -7,8 +7,8 @@ The real counterparts of the simulator's ``[network]`` models (:mod:`sim.network
   :mod:`peer.node.straggler`). PEER is an id or a range ``A-B``, as the simulator's keys.
 * ``--crashes PEER@AT[+DOWN][,...]`` is ``crashes = [{peer, at, rejoin}]`` with
   ``rejoin = AT + DOWN`` (:class:`Crash`): the launcher SIGKILLs the peer AT seconds after
-  the swarm starts training and, with +DOWN, starts it again DOWN seconds later, from its
-  newest checkpoint (:func:`run_crashes`). The results say who crashed and when it came back;
+  the swarm starts training and, with +DOWN, has it back DOWN seconds later, from its
+  newest checkpoint (its next process starts at the crash and waits, :func:`run_crashes`). The results say who crashed and when it came back;
   a peer down at the end is left out of the means (:func:`annotate`).
 """
 
@@ -76,7 +76,7 @@ def parse_stragglers(text: str | None, peers: int) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class Crash:
-    """Peer ``peer`` is killed ``at`` seconds after the swarm starts training and restarted
+    """Peer ``peer`` is killed ``at`` seconds after the swarm starts training and back
     at ``rejoin`` (seconds after the same start; None: down to the end): the simulator's
     :class:`sim.network.Crash`, whose ``rejoin`` is absolute too (``--crashes P@AT+DOWN``
     is ``rejoin = AT + DOWN``)."""
@@ -171,17 +171,21 @@ async def training_started(
 async def run_crashes(
     swarm: Swarm, crashes: Sequence[Crash], stop: asyncio.Event, say: Callable[[str], None]
 ) -> None:
-    """Carry out ``launch --crashes`` on a started swarm: from the moment it starts training
+    """Carry out ``launch --crashes`` on a started swarm. From the moment it starts training
     (:func:`training_started`), SIGKILL each crash's peer at ``at`` (a crash: no goodbye, no
-    checkpoint at stop) and, at ``rejoin``, start it again: with ``--resume`` from its newest
-    checkpoint (it checkpoints every :func:`peer.app.swarm.crash_checkpoint_every` steps
-    unless ``--checkpoint-every`` says otherwise; it rejoins the members that checkpoint
-    remembers and trains on to ``--steps`` in all), or, if it crashed before its first one,
-    afresh from the initial model (``--no-fetch-state``, as the simulator's rejoining peer
-    keeps its own model) with all its steps. Each crash is recorded on the peer
-    (``PeerProcess.crashes``): ``pid`` (the process killed), ``at``, ``restarted`` and ``rejoined`` (its first step after
-    the restart) in seconds since time 0, and ``from_step``. A crash whose peer already
-    exited is recorded as ``skipped``."""
+    checkpoint at stop). With a ``rejoin``, its next process is started at once with
+    ``--start-at`` the rejoin time, so it does its start-up (Python, torch, the data: seconds)
+    while down and is back at ``rejoin``: it then resumes from its newest checkpoint (it
+    checkpoints every :func:`peer.app.swarm.crash_checkpoint_every` steps unless
+    ``--checkpoint-every`` says otherwise), rejoins the members that checkpoint remembers and
+    trains on to ``--steps`` in all; or, if it crashed before its first checkpoint, it starts
+    afresh from the initial model (``--no-fetch-state``: the simulator's rejoining peer keeps
+    its own model, never a neighbour's) with all its steps. Each crash is recorded on the
+    peer (``PeerProcess.crashes``), in seconds since time 0: ``pid`` (the process killed),
+    ``at``, ``back`` (the ``--start-at`` moment: ``rejoin``), ``rejoined`` (its first step
+    after that: later than ``back`` by what is left of its start-up, if any) and
+    ``from_step``. A crash whose peer already exited is recorded as
+    ``skipped``."""
     timeout = aiohttp.ClientTimeout(total=1.0)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         start = await training_started(swarm, stop, session)
@@ -201,34 +205,41 @@ async def run_crashes(
                 if not await _until(start + moment, stop):
                     return
                 now = round(time.monotonic() - start, 3)
-                if kind == 0:
-                    if peer.process.poll() is not None:
-                        peer.crashes.append({"planned_at": crash.at, "skipped": "had exited"})
-                        continue
-                    pid = peer.process.pid
-                    peer.process.kill()  # SIGKILL
-                    await asyncio.to_thread(peer.process.wait)
-                    peer.down = True
-                    peer.restart_pending = crash.rejoin is not None
-                    records[crash] = {"planned_at": crash.at, "at": now, "pid": pid}
-                    records[crash].update(restarted=None, rejoined=None)
-                    peer.crashes.append(records[crash])
-                    say(f"{peer.peer_id} crashed (SIGKILL) at {now:.1f} s (--crashes)")
+                if kind == 1:  # its process, started at the crash, is back now
+                    peer.down = peer.restart_pending = False
+                    record = records[crash]
+                    record["back"] = now
+                    resumed = (
+                        "afresh"
+                        if record["from_step"] is None
+                        else f"from its step {record['from_step']}"
+                    )
+                    say(f"{peer.peer_id} back at {now:.1f} s, {resumed} (--crashes)")
+                    watchers.append(asyncio.create_task(_rejoined(session, peer, record, start)))
+                    continue
+                if peer.process.poll() is not None:
+                    peer.crashes.append({"planned_at": crash.at, "skipped": "had exited"})
+                    continue
+                pid = peer.process.pid
+                peer.process.kill()  # SIGKILL
+                await asyncio.to_thread(peer.process.wait)
+                peer.down = True
+                peer.restart_pending = crash.rejoin is not None
+                records[crash] = {"planned_at": crash.at, "at": now, "pid": pid}
+                records[crash].update(back=None, rejoined=None, from_step=None)
+                peer.crashes.append(records[crash])
+                say(f"{peer.peer_id} crashed (SIGKILL) at {now:.1f} s (--crashes)")
+                if crash.rejoin is None:
                     continue
                 from_step = await asyncio.to_thread(_checkpoint_step, swarm, peer)
                 args = argparse.Namespace(**vars(swarm.args))
                 args.resumed = None if from_step is None else {peer.index: from_step}
-                more = ["--wait-for-peers", "0"]  # it joins at start: no waiting for all
+                back = time.time() + (start + crash.rejoin - time.monotonic())
+                more = ["--start-at", repr(back), "--wait-for-peers", "0"]  # it joins at start
                 if from_step is None:
                     more.append("--no-fetch-state")
                 swarm.respawn(peer, args, more)
-                peer.down = peer.restart_pending = False
-                records[crash].update(restarted=now, from_step=from_step)
-                resumed = "afresh" if from_step is None else f"from its step {from_step}"
-                say(f"{peer.peer_id} restarted at {now:.1f} s, {resumed} (--crashes)")
-                watchers.append(
-                    asyncio.create_task(_rejoined(session, peer, records[crash], start, from_step))
-                )
+                records[crash]["from_step"] = from_step
             await asyncio.gather(*watchers)
         finally:
             for watcher in watchers:
@@ -237,16 +248,12 @@ async def run_crashes(
 
 
 async def _rejoined(
-    session: aiohttp.ClientSession,
-    peer: PeerProcess,
-    record: dict[str, Any],
-    start: float,
-    from_step: int | None,
+    session: aiohttp.ClientSession, peer: PeerProcess, record: dict[str, Any], start: float
 ) -> None:
-    """Record when the restarted ``peer`` first reports a step past ``from_step``."""
+    """Record when the restarted ``peer`` first reports a step past its checkpoint's."""
     while peer.process.poll() is None:
         step = await _step_of(session, peer)
-        if step is not None and step > (from_step or 0):
+        if step is not None and step > (record["from_step"] or 0):
             record["rejoined"] = round(time.monotonic() - start, 3)
             return
         await asyncio.sleep(0.1)
@@ -286,13 +293,13 @@ def annotate(results: dict[str, Any], swarm: Swarm) -> list[str]:
                 parts.append(f"its crash at {record['planned_at']:g} s skipped (it had exited)")
                 continue
             part = f"crashed at {record['at']:.1f} s"
-            if record["restarted"] is not None:
+            if record["back"] is not None:
                 start = (
                     "afresh"
                     if record.get("from_step") is None
                     else f"from its step {record['from_step']}"
                 )
-                part += f", restarted at {record['restarted']:.1f} s {start}"
+                part += f", back at {record['back']:.1f} s {start}"
                 if record["rejoined"] is not None:
                     part += f", training again at {record['rejoined']:.1f} s"
             parts.append(part)

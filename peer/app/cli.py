@@ -51,6 +51,7 @@ import argparse
 import asyncio
 import errno
 import logging
+import math
 import socket
 import sys
 import warnings
@@ -155,6 +156,8 @@ def _check_numbers(args: argparse.Namespace, parser: OneLineParser) -> None:
             "--eval-every: goes with --eval-log FILE (where each evaluation is written); "
             f"got --eval-every {args.eval_every} and --eval-log {args.eval_log}"
         )
+    if args.start_at is not None and not (math.isfinite(args.start_at) and args.start_at >= 0):
+        parser.error(f"--start-at: must be a Unix time in seconds >= 0, got {args.start_at}")
     if not 0 <= args.peer_index < args.num_peers:
         parser.error(
             f"--peer-index: must be in [0, --peers={args.num_peers}), got {args.peer_index}"

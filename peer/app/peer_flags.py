@@ -537,6 +537,14 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         "while it keeps serving; >= 1 (default 1: not slowed)",
     )
     run.add_argument(
+        "--start-at",
+        type=float,
+        metavar="UNIX_TIME",
+        help="wait until this time (seconds since the epoch) before resuming, listening and "
+        "joining: launch --crashes starts a crashed peer's process early, so that it is back "
+        "at its rejoin time whatever its start-up takes (default: at once)",
+    )
+    run.add_argument(
         "--status-every", type=int, default=50, help="steps between status lines (default 50)"
     )
     run.add_argument(

@@ -172,6 +172,12 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     live = args.progress == "live" or (args.progress == "auto" and sys.stderr.isatty())
+    start_at = getattr(args, "start_at", None)
+    if start_at is not None:  # launch --crashes: back at the rejoin time, start-up done
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, start_at - time.time()))
+        if stop.is_set():
+            return 0
     curve = _EvalLog(peer, data, args)
     if not args.resume:
         await curve.maybe_evaluate()  # the initial model, before any neighbour averages it
@@ -486,13 +492,18 @@ LIVE: tuple[Status, ...] = ("alive", "suspected")
 
 def _status_line(peer: Peer, rate: _Rate | None = None) -> dict[str, object]:
     """The status line printed per chunk: id, round, step, loss, bytes, live neighbours
-    (and bytes/s with a ``rate``)."""
+    (and bytes/s with a ``rate``; a straggler's ``compute_s`` and ``slowdown_waited_s``)."""
     status = peer.status()
     line = {
         key: status[key] for key in ("id", "round", "step", "loss", "bytes_in", "bytes_out")
     } | {"neighbours": [m["id"] for m in status["neighbours"] if m["status"] in LIVE]}
     if rate is not None:
         line["bytes_per_s"] = round(rate.read(), 1)
+    if status["slowdown"] != 1:  # an emulated straggler (--slowdown): its compute and waits
+        line["compute_s"], line["slowdown_waited_s"] = (
+            status["compute_s"],
+            status["slowdown_waited_s"],
+        )
     if status["privacy"] is not None:  # DP-SGD (docs/privacy.md)
         line["epsilon"] = status["privacy"]["epsilon"]
         line["privacy_stopped"] = status["privacy"]["stopped"]

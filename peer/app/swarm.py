@@ -141,17 +141,18 @@ class PeerProcess:
         """Where the peer is, for the live table: ``starting`` (no status yet), ``waiting``
         (listening, step 0: waiting for the others), ``running``, ``finished`` (reached
         ``steps``, and holding or exited), ``stopped`` (exited cleanly before ``steps``:
-        Ctrl-C), or ``failed: REASON``."""
+        Ctrl-C), ``down`` (killed by ``launch --crashes`` and not back), or ``failed:
+        REASON``."""
         step = int(self.status.get("step", 0) or 0)
         reached = steps is None or step >= steps
+        if self.down:  # launch --crashes: killed, and not back (yet)
+            return "down"
         if self.process.poll() is None:
             if not self.status:
                 return "starting"
             if steps is not None and step >= steps:
                 return "finished"
             return "waiting" if step == 0 else "running"
-        if self.down:
-            return "down"
         if self.failed():
             return f"failed: {self.exit_reason()}"
         return "finished" if reached else "stopped"

@@ -40,6 +40,17 @@ def test_crashes_are_the_simulators_with_rejoin_at_plus_down() -> None:
     assert "--checkpoint-dir" not in flags[0] and "--checkpoint-dir" not in flags[2]
 
 
+def test_a_sync_peer_may_crash_but_not_rejoin(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _checked("--algorithm", "dpsgd", "--crashes", "1@2")  # down to the end: fine
+    assert args.crash_plan == (Crash(1, 2.0, None),)
+    with pytest.raises(SystemExit) as exit:
+        _checked("--algorithm", "dpsgd", "--crashes", "1@2+3")
+    assert exit.value.code == 2
+    assert "--crashes: +DOWN (a rejoin) needs the async algorithm, ad-psgd" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -94,13 +105,13 @@ def test_a_crashed_peer_is_killed_and_rejoins_and_a_straggler_is_slowed(
     # the crash: killed on time, the process really gone, started again, trained again
     [crash] = crashed["crashes"]
     assert 0.5 <= crash["at"] < 1.5, crash
-    assert crash["restarted"] >= crash["at"] + 1 - 0.05, crash  # rejoin = at + down
-    assert crash["rejoined"] is not None and crash["rejoined"] > crash["restarted"], crash
+    assert crash["at"] + 1 - 0.05 <= crash["back"] < crash["at"] + 2, crash  # rejoin = at + down
+    assert crash["rejoined"] is not None and crash["rejoined"] > crash["back"], crash
     with pytest.raises(ProcessLookupError):
         os.kill(crash["pid"], 0)
     assert int((run / "peer-1.pid").read_text()) != crash["pid"]
     assert (run / "peer-1.life1.out").is_file()
-    assert f"peer-1 crashed at {crash['at']:.1f} s, restarted at" in result.stderr
+    assert f"peer-1 crashed at {crash['at']:.1f} s, back at {crash['back']:.1f} s" in result.stderr
     assert crashed["step"] == 300 and crashed["state"] == "finished"
     if crash["from_step"] is not None:  # resumed: its second life began at its checkpoint
         assert f"resumed from {run}/peer-1.checkpoints" in (run / "peer-1.out").read_text()
@@ -118,3 +129,19 @@ def test_a_crashed_peer_is_killed_and_rejoins_and_a_straggler_is_slowed(
     assert straggler["slowdown_waited_s"] == pytest.approx(2 * straggler["compute_s"], abs=0.05)
     assert straggler["compute_s"] > 0
     assert "slowdown" not in crashed and crashed["slowdown_waited_s"] == 0.0
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_start_at_refuses_a_time_that_is_not_one(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from peer.app.cli import parse_peer_args
+
+    with pytest.raises(SystemExit) as exit:
+        parse_peer_args(["--id", "a", "--start-at", value])
+    assert exit.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(f"--start-at: must be a Unix time in seconds >= 0, got {float(value)}")
+    )
