@@ -10,9 +10,9 @@ EXPERIMENT.toml``, :mod:`gossipnet.experiment_launch`, each peer evaluating ever
 ``eval_every`` rounds on its own clock: ``peer --eval-every``). It prints, side by side,
 predicted and measured
 
-* **time per round**: the simulated time of the last evaluation over the rounds, against the
-  peers' mean training time (``train_s``: since their first evaluation, less the
-  evaluations' own time) at their last step, over the same rounds;
+* **time per round**: the simulated time of the last evaluation over its round, against the
+  measured time of the same step over the same rounds (the peers' clocks, evaluations left
+  out, aligned as :func:`measured_curve` says);
 * **time to target**: the first time the peers' mean test accuracy reaches ``--target`` (or
   the test loss falls to ``--target-loss``), linearly interpolated between evaluations, on
   each clock; by default the target is 90 % of the lower of the two runs' best accuracy,
@@ -20,8 +20,7 @@ predicted and measured
 
 with the error of each, ``(predicted - measured) / measured``, then the time model's terms
 (compute per local step; for synchronous rounds the round less its compute), and draws the
-two curves
-(accuracy and loss against seconds) in one figure. Accuracy is the same quantity on both
+two curves (accuracy and loss against seconds) in one figure. Accuracy is the same quantity on both
 sides (the mean over peers of each one's own model, the simulator's ``peer_accuracy_mean``);
 loss is the simulator's average model's (``test_loss``) against the peers' mean: close when
 the peers agree, and the reason ``--target`` is the default.
