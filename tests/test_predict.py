@@ -138,3 +138,19 @@ def test_every_cell_of_the_grid_is_an_experiment_its_peers_can_run(tmp_path: Pat
             assert ("--latency" in flags) == (regime == "50ms-100Mbit")
             assert ("--stragglers" in flags) == (regime == "straggler-3x")
     assert seen == {("200", "20")}  # DiLoCo: 20 rounds of H = 10, the same 200 local steps
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--eval-every", "5"], "--eval-every: goes with --eval-log FILE"),
+        (["--eval-log", "x.jsonl"], "--eval-every: goes with --eval-log FILE"),
+        (["--eval-every", "-1", "--eval-log", "x.jsonl"], "--eval-every: must be >= 0"),
+    ],
+)
+def test_a_peers_timed_evaluations_need_both_flags(flags: list[str], message: str) -> None:
+    from peer.app.cli import parse_peer_args
+    from peer.app.usage import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        parse_peer_args(["--id", "a", *flags], raise_errors=True)
