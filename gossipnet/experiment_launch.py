@@ -22,8 +22,7 @@ What only the simulator can do is refused before anything starts, one line namin
 exit code 2 (:func:`launch_plan`): the baselines (a server or an all-reduce), per-link
 overrides (an emulated link is a peer's uplink), ``server_bandwidth``, random compute
 (``compute_distribution`` other than ``constant``, ``compute_spread``),
-``init = "independent"``, a ``label_sets`` table and a
-``[graph]``. The time model's own keys (``step_time``, ``stack_latency``,
+``init = "independent"`` and a ``[graph]``. The time model's own keys (``step_time``, ``stack_latency``,
 ``stack_bandwidth``) describe this machine, which the real run measures: they are read by
 ``gossipnet sim predict``, not by the peers; ``[output]`` is the simulator's. A ``latency`` or
 ``bandwidth`` equal to the simulator's default (100 µs, 10 Gb/s: a fast local network) is not
@@ -110,8 +109,6 @@ def _refuse(config: Any) -> None:
          "allowed: 0"),
         (w.init != "same", "workload.init", "real peers start from one model built from the "
          "seed; allowed: same"),
-        (w.label_sets is not None, "workload.label_sets", "a peer takes its partition as a "
-         "spec: write partition = \"label-sets:sets=0-4|5-9\" (k sets, k blocks of peers)"),
         (config.graph is not None, "graph", "a real peer takes a topology by name or spec; "
          "use algorithm.topology"),
         (config.rounds < 1, "rounds", f"a real run takes at least one round, got "
@@ -141,6 +138,15 @@ def _dataset(workload: Any) -> str:
     return f"{workload.dataset}{',' if rest else ':'}cache_dir={folder}"
 
 
+def _partition(config: Any) -> str:
+    """``workload.partition``; a ``label_sets`` table as the spec with one set per peer
+    (``label-sets:sets=0+1|0+1|2+3|...``: the same ``workloads.partition.label_sets`` call)."""
+    if config.workload.label_sets is None:
+        return str(config.workload.partition)
+    sets = "|".join("+".join(map(str, labels)) for labels in config.peer_labels())
+    return f"label-sets:sets={sets}"
+
+
 def _topology(config: Any) -> str:
     """``algorithm.topology`` with ``topology_params`` written into the spec."""
     spec = str(config.topology)
@@ -168,7 +174,7 @@ def launch_plan(config: Any) -> LaunchPlan:
     plan.add("--seed", config.seed, "seed")
     plan.add("--device", config.device, "device")
     plan.add("--dataset", _dataset(w), "workload.dataset")
-    plan.add("--partition", w.partition, "workload.partition")
+    plan.add("--partition", _partition(config), "workload.partition")
     plan.add("--model", w.model, "workload.model")
     plan.add("--batch-size", w.batch_size, "workload.batch_size")
     per_round = steps_per_round(config)

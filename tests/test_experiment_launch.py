@@ -132,3 +132,25 @@ def test_a_flag_the_file_sets_is_refused_and_a_mapped_flags_error_names_the_key(
         main(["launch", str(faster)])
     err = capsys.readouterr().err
     assert err.startswith("gossipnet launch: error: network.stragglers (--stragglers):"), err
+
+
+def test_a_label_sets_table_becomes_the_peers_spec_with_the_same_shards(tmp_path: Path) -> None:
+    import torch
+
+    from workloads import load_dataset, partition
+    from workloads.partition import label_sets
+
+    path = tmp_path / "experiment.toml"
+    path.write_text(
+        BASE
+        + 'partition = "label-sets"\nlabel_sets = {left = "0-4", right = "5-9"}\n'
+        + '[groups]\nleft = "0-1"\nright = "2-4"\n'
+    )
+    config = load_experiment(path)
+    flags = _flags(launch_plan(config).flags)
+    low, high = "0+1+2+3+4", "5+6+7+8+9"
+    assert flags["--partition"] == [f"label-sets:sets={low}|{low}|{high}|{high}|{high}"]
+    labels = load_dataset(config.workload.dataset).y_train
+    simulated = label_sets(labels, 5, config.peer_labels(), seed=config.seed)  # sim.build's
+    real = partition(flags["--partition"][0], labels, 5, seed=config.seed)  # a peer's
+    assert all(torch.equal(a, b) for a, b in zip(simulated, real, strict=True))
