@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +131,22 @@ def parse_crashes(text: str | None, peers: int) -> tuple[Crash, ...]:
                 )
         back[crash.peer] = crash.rejoin
     return tuple(crashes)
+
+
+def stragglers_flag(stragglers: Mapping[int, float]) -> str:
+    """The ``--stragglers`` value of a simulator's ``stragglers`` (peer -> factor, ranges
+    already expanded): ``{3: 3.0, 5: 2.0}`` -> ``"3=3.0,5=2.0"``."""
+    return ",".join(f"{peer}={factor!r}" for peer, factor in sorted(stragglers.items()))
+
+
+def crashes_flag(crashes: Iterable[Crash]) -> str:
+    """The ``--crashes`` value of crashes with the simulator's absolute ``rejoin``:
+    ``Crash(2, 10.0, 15.0)`` -> ``"2@10.0+5.0"``, ``Crash(3, 20.0)`` -> ``"3@20.0"``."""
+    return ",".join(
+        f"{crash.peer}@{crash.at!r}"
+        + ("" if crash.rejoin is None else f"+{crash.rejoin - crash.at!r}")
+        for crash in crashes
+    )
 
 
 async def _step_of(session: aiohttp.ClientSession, peer: PeerProcess) -> int | None:

@@ -145,15 +145,17 @@ def _gap(task: Task, value: float, reference: float) -> str:
 def title(results: dict[str, Any], args: argparse.Namespace) -> str:
     """The final table's title: the task's headline metric (:meth:`workloads.task.Task.
     title`), the steps the peers reached (all of ``--steps``, or a range of fewer after
-    Ctrl-C), and the batch size."""
+    Ctrl-C; peers down at the end, ``launch --crashes``, counted apart), and the batch size."""
     steps = int(results.get("steps", args.steps))
-    reached = [p["step"] for p in results["peers"] if p.get("step") is not None]
-    batch = f"of batch {args.batch_size}"
+    up = [p for p in results["peers"] if not p.get("down")]  # launch --crashes: down ones apart
+    down = len(results["peers"]) - len(up)
+    reached = [p["step"] for p in up if p.get("step") is not None]
+    batch = f"of batch {args.batch_size}" + (f" ({down} down)" if down else "")
     if not reached:
         return f"no peer reported a step (of {steps} steps {batch})"
     low, high = min(reached), max(reached)
     metric = _task(results).title(results.get("num_classes"))
-    if low >= steps and len(reached) == len(results["peers"]):
+    if low >= steps and len(reached) == len(up):
         return f"{metric} after {steps} steps {batch}"
     span = str(low) if low == high else f"{low}-{high}"
     return f"{metric} after {span} of {steps} steps {batch} (stopped early)"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.app.churn import Crash
+from peer.app.churn import Crash, crashes_flag, parse_crashes, parse_stragglers, stragglers_flag
 from peer.app.launch import _check
 from peer.app.launch import _parser as launch_parser
 from peer.app.swarm import peer_flags
@@ -38,6 +38,13 @@ def test_crashes_are_the_simulators_with_rejoin_at_plus_down() -> None:
         )
         assert flags[index][flags[index].index("--checkpoint-every") + 1] == "10"
     assert "--checkpoint-dir" not in flags[0] and "--checkpoint-dir" not in flags[2]
+
+
+def test_the_simulators_models_written_as_flags_read_back_the_same() -> None:
+    stragglers = {0: 2.5, 3: 10.0}
+    assert parse_stragglers(stragglers_flag(stragglers), 4) == stragglers
+    crashes = (Crash(1, 0.25, 1.75), Crash(2, 2.0, 9.5), Crash(1, 3.0, None))  # in time order
+    assert parse_crashes(crashes_flag(crashes), 4) == crashes
 
 
 def test_a_sync_peer_may_crash_but_not_rejoin(capsys: pytest.CaptureFixture[str]) -> None:
@@ -145,3 +152,16 @@ def test_start_at_refuses_a_time_that_is_not_one(
         .err.strip()
         .endswith(f"--start-at: must be a Unix time in seconds >= 0, got {float(value)}")
     )
+
+
+def test_the_title_counts_a_peer_down_at_the_end_apart() -> None:
+    from argparse import Namespace
+
+    from peer.app.report import title
+
+    peers = [{"id": "peer-0", "step": 300}, {"id": "peer-1", "step": 30, "down": True}]
+    results = {"steps": 300, "peers": peers, "task": "classification"}
+    args = Namespace(steps=300, batch_size=32)
+    assert title(results, args).endswith("after 300 steps of batch 32 (1 down)")
+    peers[1].pop("down")  # the same steps without the crash: a run stopped early
+    assert title(results, args).endswith("after 30-300 of 300 steps of batch 32 (stopped early)")
