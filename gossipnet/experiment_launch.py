@@ -193,15 +193,11 @@ def launch_plan(config: Any) -> LaunchPlan:
     plan.add("--topology", _topology(config), "algorithm.topology")
     if a.weights is not None:
         plan.add("--topology-weights", a.weights, "algorithm.weights")
+    churn = importlib.import_module("peer.app.churn")  # as the dispatcher reaches peer.app
     if net.stragglers:  # each local step of peer i takes k times its compute (--slowdown)
-        slowed = ",".join(f"{peer}={factor!r}" for peer, factor in sorted(net.stragglers.items()))
-        plan.add("--stragglers", slowed, "network.stragglers")
+        plan.add("--stragglers", churn.stragglers_flag(net.stragglers), "network.stragglers")
     if net.crashes:  # SIGKILLed at AT, started again from its checkpoint at the rejoin
-        crashes = ",".join(
-            f"{c.peer}@{c.at!r}" + ("" if c.rejoin is None else f"+{c.rejoin - c.at!r}")
-            for c in net.crashes
-        )
-        plan.add("--crashes", crashes, "network.crashes")
+        plan.add("--crashes", churn.crashes_flag(net.crashes), "network.crashes")
     byzantine = [int(i) for i in byzantine_mask(config).nonzero()[0]]
     if byzantine:
         key = "byzantine.peers" if config.byzantine.chosen else "byzantine.count"
