@@ -54,7 +54,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
         Subcommand(
             "launch",
-            "run a local swarm of N peer processes: live table, accuracy vs centralized",
+            "run a local swarm of N peer processes (flags, or an experiment file): live "
+            "table, accuracy vs centralized",
             "peer.app.launch:main",
         ),
         Subcommand(
@@ -70,7 +71,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         Subcommand(
             "sim",
             "simulate n peers: run an experiment TOML, compare or sweep any of its fields; "
-            "calibrate its time model on this machine",
+            "calibrate its time model on this machine, check its prediction against real peers",
             "sim.cli:main",
         ),
         Subcommand(
@@ -98,9 +99,21 @@ SIM_FRONT_DOOR: dict[str, Subcommand] = {
         "measure this machine's step time and real stack for the simulator's [network]",
         "gossipnet.calibrate:main",
     ),
+    "predict": Subcommand(
+        "predict",
+        "run an experiment file simulated and as real peers: predicted vs measured time",
+        "gossipnet.predict:main",
+    ),
 }
 """``gossipnet sim`` subcommands that need a real peer as well as the simulator: they live
 here (``sim`` and ``peer`` never import each other), dispatched before ``sim.cli``."""
+EXPERIMENT_LAUNCH = Subcommand(
+    "launch",
+    "the real peers of an experiment file (gossipnet launch EXPERIMENT.toml)",
+    "gossipnet.experiment_launch:main",
+)
+"""``gossipnet launch EXPERIMENT.toml``: launch with a file instead of flags, mapped here (the
+simulator reads the file, the peers run it)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -171,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     command = SUBCOMMANDS[args.command]
+    if command.name == "launch" and args.args[:1] and not args.args[0].startswith("-"):
+        return EXPERIMENT_LAUNCH.load()(args.args, "gossipnet launch")
     if command.name == "sim" and args.args[:1] and args.args[0] in SIM_FRONT_DOOR:
         sub = SIM_FRONT_DOOR[args.args[0]]
         return sub.load()(args.args[1:], f"gossipnet sim {sub.name}")

@@ -78,7 +78,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "workload and one simulated network. `sweep` runs a grid over any field of the file "
         "(local processes or Ray, resumable; docs/sweeps.md). `gossipnet sim calibrate "
         "[EXP.toml]` measures this machine's step time and real stack for the [network] "
-        "table (docs/calibration.md).",
+        "table (docs/calibration.md); `gossipnet sim predict EXP.toml` runs the file "
+        "simulated and as real peers and compares the times (docs/prediction.md).",
     )
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser

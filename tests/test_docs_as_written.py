@@ -147,6 +147,13 @@ def test_every_launch_and_peer_line_in_the_docs_parses_as_written(command: str) 
             else peer_parser("gossipnet peer", raise_errors=True)
         )
         assert "--num-peers" not in argv, f"{where}: --num-peers is deprecated; write --peers"
+        if command == "launch" and argv and not argv[0].startswith("-"):  # launch FILE [FLAGS]
+            from gossipnet.experiment_launch import launch_plan
+            from sim.config import load_experiment
+
+            file, argv = ROOT / argv[0], argv[1:]  # EXPERIMENT.toml: a placeholder
+            if file.is_file():
+                argv = [*launch_plan(load_experiment(file)).flags, *argv]
         try:
             parser.parse_args(argv)
         except (SystemExit, Exception) as error:  # argparse's exit, or the one-line error

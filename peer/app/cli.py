@@ -145,10 +145,17 @@ def _network(args: argparse.Namespace, parser: OneLineParser) -> dict[str, Any]:
 
 def _check_numbers(args: argparse.Namespace, parser: OneLineParser) -> None:
     flag = _namer(parser)
-    for name in ("steps", "status_every", "batch_size", "num_peers", "wait_for_peers"):
-        minimum = 0 if name in ("steps", "wait_for_peers") else 1
+    for name in (
+        "steps", "status_every", "batch_size", "num_peers", "wait_for_peers", "eval_every"
+    ):  # fmt: skip
+        minimum = 0 if name in ("steps", "wait_for_peers", "eval_every") else 1
         if getattr(args, name) < minimum:
             parser.error(f"{flag(name)}: must be >= {minimum}, got {getattr(args, name)}")
+    if (args.eval_every > 0) != (args.eval_log is not None):
+        parser.error(
+            "--eval-every: goes with --eval-log FILE (where each evaluation is written); "
+            f"got --eval-every {args.eval_every} and --eval-log {args.eval_log}"
+        )
     if args.start_at is not None and not (math.isfinite(args.start_at) and args.start_at >= 0):
         parser.error(f"--start-at: must be a Unix time in seconds >= 0, got {args.start_at}")
     if not 0 <= args.peer_index < args.num_peers:

@@ -66,7 +66,15 @@ from peer.app.peer_flags import (
 )
 from peer.app.progress import watch
 from peer.app.report import collect_results, print_results, test_metrics
-from peer.app.swarm import GRACE_LIMIT_S, GRACE_S, PeerProcess, Swarm, holds, peer_flags
+from peer.app.swarm import (
+    GRACE_LIMIT_S,
+    GRACE_S,
+    PeerProcess,
+    Swarm,
+    byzantine_peers,
+    holds,
+    peer_flags,
+)
 from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
 from peer.node.config import ALGORITHMS, MODES
 from peer.node.logbook import Logbook, LogbookError, check_log_dir
@@ -101,11 +109,10 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
             "printed beside a centralized run on the same data and number of samples."
         ),
         epilog="Every option but --peers, --client-only, --stragglers, --crashes, --resume, "
-        "--grace, "
-        "--no-centralized, "
-        "--dir, --json, --progress, "
-        "--save-model, --log-dir and --peer-args is passed to each peer unchanged. "
-        "Guide: docs/peer.md.",
+        "--grace, --no-centralized, --dir, --json, --progress, --save-model, --log-dir, "
+        "--byzantine-peers, --peer-args and --peer-args-for is passed to each peer unchanged. "
+        "An experiment file instead of flags: gossipnet launch EXPERIMENT.toml "
+        "(docs/prediction.md). Guide: docs/peer.md.",
     )
     swarm = parser.add_argument_group("swarm")
     swarm.add_argument(
@@ -131,6 +138,12 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="evaluation: the last K peers are Byzantine and send ATTACK (a consensus attack, "
         "e.g. 1:sign-flip); their accuracy is reported apart from the honest peers' "
         "(default: none)",
+    )
+    swarm.add_argument(
+        "--byzantine-peers",
+        metavar="IDS",
+        help="which K peers of --byzantine are Byzantine: ids and ranges, e.g. 2,5-6 "
+        "(default: the last K)",
     )
     swarm.add_argument(
         "--stragglers",
@@ -212,6 +225,15 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         metavar="ARGS",
         help="more peer flags, one shell-quoted string (default: none)",
     )
+    swarm.add_argument(
+        "--peer-args-for",
+        action="append",
+        default=[],
+        metavar="IDS=ARGS",
+        help="more flags for some peers only, after --peer-args: ids and ranges, '=', one "
+        "shell-quoted string, e.g. '3=--latency 100ms' or '0-1=--bandwidth 10Mbit' (a slow "
+        "uplink; repeatable; default: none)",
+    )
     add_link_flags(parser, who="each peer", pass_through=True)
     work = parser.add_argument_group("workload")
     work.add_argument(
@@ -266,6 +288,14 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     )
     out.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     out.add_argument(
+        "--eval-every",
+        type=int,
+        metavar="N",
+        help="each peer evaluates on the test split at step 0 and every N steps, timed, into "
+        "DIR/peer-<i>.evals.jsonl (the run's curve; gossipnet sim predict reads it; "
+        "default: only the final evaluation)",
+    )
+    out.add_argument(
         "--save-model",
         metavar="FILE",
         help="write the average of the finished peers' models as safetensors + JSON to FILE, "
@@ -306,6 +336,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--grace: must be seconds in [0, 86400], got {args.grace:g}")
     if args.batch_size < 1:
         parser.error(f"--batch-size: must be >= 1, got {args.batch_size}")
+    if args.eval_every is not None and args.eval_every < 1:
+        parser.error(f"--eval-every: must be >= 1, got {args.eval_every}")
     try:
         check_optimizer_flags(args)
     except ValueError as error:
@@ -314,6 +346,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         shlex.split(args.peer_args)
     except ValueError as error:
         parser.error(f"--peer-args: must be shell-quoted flags: {error}")
+    args.peer_args_of = _peer_args_for(args, parser)
     if args.save_model is not None:
         target = Path(args.save_model)
         if not target.parent.is_dir():
@@ -379,9 +412,42 @@ def _resumed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     return found
 
 
+def _peer_args_for(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[int, list[str]]:
+    """``--peer-args-for IDS=ARGS`` (repeatable) as peer index -> its extra flags, in the
+    order given."""
+    from workloads.partition import parse_id_set
+
+    extra: dict[int, list[str]] = {}
+    for given in args.peer_args_for:
+        ids, equals, flags = str(given).partition("=")
+        if not equals:
+            parser.error(
+                f"--peer-args-for: must be IDS=ARGS (e.g. '3=--latency 100ms'), got {given!r}"
+            )
+        try:
+            indices = parse_id_set(ids, "--peer-args-for")
+            split = shlex.split(flags)
+        except ValueError as error:
+            parser.error(f"--peer-args-for: {error}")
+        outside = [index for index in indices if index >= args.peers]
+        if outside:
+            parser.error(
+                f"--peer-args-for: peer {outside[0]} is outside 0..{args.peers - 1} (--peers)"
+            )
+        for index in indices:
+            extra.setdefault(index, []).extend(split)
+    return extra
+
+
 def _byzantine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[int, str | None]:
-    """``--byzantine K:ATTACK`` as (K, ATTACK); (0, None) without it."""
+    """``--byzantine K:ATTACK`` as (K, ATTACK); (0, None) without it. Sets
+    ``args.byzantine_set``, the K peers: ``--byzantine-peers``, else the last K."""
+    args.byzantine_set = frozenset()
     if args.byzantine is None:
+        if args.byzantine_peers is not None:
+            parser.error("--byzantine-peers: needs --byzantine K:ATTACK (the attack they send)")
         return 0, None
     count, colon, attack = str(args.byzantine).partition(":")
     if not colon or not count.strip().isdigit() or not attack.strip():
@@ -391,6 +457,25 @@ def _byzantine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tup
             f"--byzantine: K must be in [1, {args.peers - args.client_only}) (at least one "
             f"honest listening peer), got {int(count)}"
         )
+    chosen: Sequence[int] = range(args.peers - int(count), args.peers)
+    if args.byzantine_peers is not None:
+        from workloads.partition import parse_id_set
+
+        try:
+            chosen = parse_id_set(args.byzantine_peers, "--byzantine-peers")
+        except ValueError as error:
+            parser.error(str(error))
+        outside = [index for index in chosen if index >= args.peers - args.client_only]
+        if outside:
+            parser.error(
+                f"--byzantine-peers: peer {outside[0]} is outside the listening peers "
+                f"0..{args.peers - args.client_only - 1}"
+            )
+        if len(chosen) != int(count):
+            parser.error(
+                f"--byzantine-peers: names {len(chosen)} peers, --byzantine says K = {int(count)}"
+            )
+    args.byzantine_set = frozenset(chosen)
     return int(count), attack.strip()
 
 
@@ -409,10 +494,10 @@ def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParse
             peer_file = folder / "peers.txt"
             peer_file.write_text("".join(f"127.0.0.1:{7000 + i}\n" for i in range(args.peers)))
         listening = args.peers - args.client_only
-        for index in sorted({0, args.peers - 1}):
+        for index in sorted({0, args.peers - 1, *args.peer_args_of}):
             extra = ["--client-only", "--join", "127.0.0.1:7000"] if index >= listening else []
             flags = peer_flags(args, index, folder, secret_file=None, peer_file=peer_file)
-            given = len(shlex.split(args.peer_args))
+            given = len(shlex.split(args.peer_args)) + len(args.peer_args_of.get(index, ()))
             own = flags[: len(flags) - given] if given else flags
             try:
                 _, config = parse_peer_args([*own, *extra], raise_errors=True)
@@ -421,7 +506,8 @@ def _check_peer_options(args: argparse.Namespace, parser: argparse.ArgumentParse
             try:
                 parse_peer_args([*flags, *extra], raise_errors=True)
             except UsageError as error:
-                parser.error(f"--peer-args: {error}")
+                blamed = "--peer-args-for" if index in args.peer_args_of else "--peer-args"
+                parser.error(f"{blamed}: {error}")
     caveat = config.gossip.topology_caveat(args.topology)
     if caveat is not None:
         print(f"warning: {caveat}", file=sys.stderr)
@@ -517,10 +603,20 @@ async def _launch(
     return stop.is_set()
 
 
-def main(argv: Sequence[str], prog: str = "gossipnet launch", *, demo: bool = False) -> int:
+def main(
+    argv: Sequence[str],
+    prog: str = "gossipnet launch",
+    *,
+    demo: bool = False,
+    origins: dict[str, str] | None = None,
+) -> int:
     """``gossipnet launch``: check the flags, start the swarm and the centralized reference,
-    watch, print the results; returns the exit code (see the module's docstring)."""
+    watch, print the results; returns the exit code (see the module's docstring).
+    ``origins``: flag -> the experiment file's key it came from (``gossipnet launch
+    EXPERIMENT.toml``, :mod:`gossipnet.experiment_launch`), named first in an error."""
     parser = _parser(prog, demo)
+    if origins and isinstance(parser, OneLineParser):
+        parser.origins = dict(origins)
     args = parser.parse_args([*(DEMO_DEFAULTS if demo else ()), *argv])
     try:
         return _run(args, parser, prog)
@@ -670,11 +766,11 @@ def _save_average(
     from workloads import MODELS, load_dataset
     from workloads.user_code import parse_code_spec
 
-    honest = args.peers - getattr(args, "byzantine_count", 0)
+    byzantine = byzantine_peers(args)
     sources = [
         peer.model_file
         for peer in swarm.peers
-        if peer.index < honest and not peer.failed() and peer.model_file.is_file()
+        if peer.index not in byzantine and not peer.failed() and peer.model_file.is_file()
     ]
     if not sources:
         return None, None, "--save-model: no peer wrote a model to average"

@@ -572,6 +572,21 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
         "(loss; accuracy, bits per byte or mean squared error; default: none)",
     )
     run.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="while training, evaluate on the test split at step 0 and every N steps and "
+        "append one JSON line to --eval-log: step, round, the task's test metrics, and "
+        "train_s, the seconds since training began less the evaluations' own (the measured "
+        "curve of gossipnet sim predict; default 0: only --eval-out's final evaluation)",
+    )
+    run.add_argument(
+        "--eval-log",
+        metavar="FILE",
+        help="with --eval-every: the JSON-lines file of those evaluations (default: none)",
+    )
+    run.add_argument(
         "--save-model",
         metavar="FILE",
         help="write the trained model as safetensors + JSON at the end, see docs/models.md "

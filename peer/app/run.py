@@ -178,6 +178,9 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
             await asyncio.wait_for(stop.wait(), max(0.0, start_at - time.time()))
         if stop.is_set():
             return 0
+    curve = _EvalLog(peer, data, args)
+    if not args.resume:
+        await curve.maybe_evaluate()  # the initial model, before any neighbour averages it
     try:
         await peer.start()
     except JoinError as error:
@@ -205,12 +208,15 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
         target = peer.step + args.steps if args.steps else None
+        await curve.begin()
+        await curve.maybe_evaluate()  # a resumed peer's first
         while not stop.is_set() and (target is None or peer.step < target):
             if peer.privacy is not None and peer.privacy.stopped:
                 break  # the privacy budget is spent (the peer warned)
             chunk = (
                 args.status_every if target is None else min(args.status_every, target - peer.step)
             )
+            chunk = curve.bound(chunk)
             training = asyncio.ensure_future(peer.run(steps=chunk))
             await asyncio.wait({training, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
@@ -218,6 +224,7 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
                 await asyncio.gather(training, return_exceptions=True)
                 break
             training.result()
+            await curve.maybe_evaluate()
             if not live:
                 print(json.dumps(_status_line(peer, rate)), flush=True)
             await _record(logbook, peer)
@@ -244,6 +251,77 @@ async def _run(peer: Peer, data: Dataset, args: argparse.Namespace, logbook: Log
         final["model"] = str(await asyncio.to_thread(_save_model, peer, model_file, evaluation))
     print(json.dumps(final), flush=True)
     return 0
+
+
+class _EvalLog:
+    """``--eval-every N --eval-log FILE``: the test metrics at step 0 and every N steps, one
+    JSON line each, timed on the peer's clock. Step 0 is evaluated before the peer starts (the
+    initial model, before any neighbour can average with it), unless it resumes. ``began`` is
+    the wall clock (``time.time()``) when training began (:meth:`begin`), the same on every
+    line; ``train_s`` the seconds since then less the evaluations' own time (``eval_s``, in
+    total so far), so the curve is of training as the simulator charges it, which does not
+    evaluate on the clock; ``compute_s`` and ``slowdown_waited_s`` the local steps' own
+    compute so far and a straggler's wait on top of it (``GET /v1/status``'s)."""
+
+    def __init__(self, peer: Peer, data: Dataset, args: argparse.Namespace) -> None:
+        self.peer, self.data = peer, data
+        self.every = int(getattr(args, "eval_every", 0) or 0)
+        self.path: str | None = getattr(args, "eval_log", None)
+        self.start: float | None = None
+        self.began = 0.0
+        self.spent = 0.0
+        self.last: int | None = None
+        self.pending: dict[str, Any] | None = None
+
+    def bound(self, chunk: int) -> int:
+        """``chunk`` steps, or fewer so that a chunk ends at the next evaluation's step."""
+        if not self.every:
+            return chunk
+        return max(1, min(chunk, self.every - self.peer.step % self.every))
+
+    async def begin(self) -> None:
+        """Training begins now: the clock starts, and a step-0 evaluation made before is
+        written."""
+        self.start, self.began = time.perf_counter(), time.time()
+        if self.pending is not None:
+            await self._write({**self.pending, "began": self.began, "train_s": 0.0})
+            self.pending = None
+
+    async def maybe_evaluate(self) -> None:
+        """Evaluate if this step is one of every N (once per step)."""
+        step = self.peer.step
+        if not self.every or self.path is None or step % self.every or step == self.last:
+            return
+        began = time.perf_counter()
+        scores = await asyncio.to_thread(
+            self.peer.trainer.evaluate_task, self.data.x_test, self.data.y_test, self.data.task
+        )
+        self.last = step
+        line = {
+            "id": self.peer.peer_id,
+            "step": step,
+            "round": self.peer.round,
+            **{f"test_{name}": value for name, value in scores.items()},
+        }
+        if self.start is None:  # before training: written when it begins
+            self.pending = line
+            return
+        line["train_s"] = began - self.start - self.spent
+        status = self.peer.status()  # its local steps' own compute, and a straggler's wait
+        line["compute_s"] = status.get("compute_s")
+        line["slowdown_waited_s"] = status.get("slowdown_waited_s")
+        self.spent += time.perf_counter() - began
+        await self._write({**line, "began": self.began})
+
+    async def _write(self, line: dict[str, Any]) -> None:
+        assert self.path is not None
+        text = json.dumps({**line, "eval_s": self.spent}) + "\n"
+        await asyncio.to_thread(_append, self.path, text)
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(text)
 
 
 def _phase(peer: Peer, rate: _Rate, phase: str, live: bool) -> None:

@@ -231,8 +231,9 @@ def peer_flags(
     """The ``gossipnet peer`` flags of peer ``index``: the launcher's options passed through
     (:data:`PASS_THROUGH`, and the DP-SGD flags given), its shard and files in ``directory`` (checkpoints too when the
     run is kept, ``--dir``, so that it can be resumed), the topology's peer file,
-    ``--byzantine`` for the last K, ``--slowdown`` for a straggler (``args.slowdowns``, index
-    -> factor: ``launch --stragglers``), then ``--peer-args``. With ``launch --resume``
+    ``--byzantine`` for the Byzantine peers (:func:`byzantine_peers`), ``--slowdown`` for a
+    straggler (``args.slowdowns``, index -> factor: ``launch --stragglers``), then
+    ``--peer-args`` and this peer's ``--peer-args-for``. With ``launch --resume``
     (``args.resumed``: index -> the step of that peer's newest checkpoint) each peer gets
     ``--resume`` and the steps left to ``--steps`` in all. ``launch`` parses them with the
     peer's own parser before anything starts."""
@@ -274,13 +275,27 @@ def peer_flags(
         flags.append("--resume")
     if getattr(args, "save_model", None):
         flags += ["--save-model", str(directory / f"peer-{index}.safetensors")]
+    if getattr(args, "eval_every", None):  # launch --eval-every N: the run's timed curve
+        flags += ["--eval-every", str(args.eval_every)]
+        flags += ["--eval-log", str(directory / f"peer-{index}.evals.jsonl")]
     if getattr(args, "log_dir", None):  # launch --log-dir DIR: each peer's record in its folder
         flags += ["--log-dir", str(Path(args.log_dir) / f"peer-{index}")]
     if peer_file is not None:
         flags += ["--peers-file", str(peer_file), "--rank", str(index)]
-    if index >= args.peers - getattr(args, "byzantine_count", 0):  # the last K peers
+    if index in byzantine_peers(args):
         flags += ["--byzantine", str(args.byzantine_attack)]
-    return [*flags, *shlex.split(args.peer_args)]
+    extra = getattr(args, "peer_args_of", {}).get(index, [])  # launch --peer-args-for
+    return [*flags, *shlex.split(args.peer_args), *extra]
+
+
+def byzantine_peers(args: argparse.Namespace) -> frozenset[int]:
+    """The indices of launch's Byzantine peers: ``--byzantine-peers``, else the last K of
+    ``--byzantine K:ATTACK`` (none without it)."""
+    chosen = getattr(args, "byzantine_set", None)
+    if chosen is not None:
+        return frozenset(chosen)
+    count = getattr(args, "byzantine_count", 0)
+    return frozenset(range(args.peers - count, args.peers))
 
 
 def crash_checkpoint_every(steps: int) -> int:
@@ -319,7 +334,10 @@ class Swarm:
 
     def spawn(self, index: int, extra: Sequence[str]) -> PeerProcess:
         peer_id = f"peer-{index}"
-        for stale in ("address", "eval.json", "safetensors", "json"):
+        stales = ["address", "eval.json", "safetensors", "json"]
+        if getattr(self.args, "resumed", None) is None:  # a resumed run's curve goes on
+            stales.append("evals.jsonl")
+        for stale in stales:
             # a run resumed in the same --dir: nothing of the last run may pass for this one's
             (self.directory / f"{peer_id}.{stale}").unlink(missing_ok=True)
         command = [sys.executable, "-m", "gossipnet", "peer", *self._common(index), *extra]

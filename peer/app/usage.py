@@ -97,10 +97,17 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)  # a flag is its whole name, never a prefix
         super().__init__(*args, **kwargs)
         self.raise_errors = raise_errors
+        self.origins: dict[str, str] = {}
+        """Flag -> where its value came from (``gossipnet launch EXPERIMENT.toml``: the
+        file's key); an error about such a flag names that first: ``KEY (--flag): ...``."""
 
     def error(self, message: str) -> NoReturn:
+        message = one_line(message)
+        flag, colon, rest = message.partition(":")
+        if colon and flag in self.origins:
+            message = f"{self.origins[flag]} ({flag}):{rest}"
         if self.raise_errors:
-            raise UsageError(one_line(message))
+            raise UsageError(message)
         exit_with(self.prog, message)
 
 
