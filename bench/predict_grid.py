@@ -28,10 +28,20 @@ import math
 import os
 import shutil
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gossipnet.predict import Curve, Prediction, error, predict
+from gossipnet.predict import (
+    Curve,
+    Prediction,
+    error,
+    predict,
+    simulated_curve,
+    time_to,
+    usable_cores,
+)
+from sim.config import load_experiment
 
 BASE = Path(__file__).resolve().parents[1] / "examples" / "experiments" / "predict-base.toml"
 DILOCO_H = 10
@@ -103,16 +113,26 @@ def _pct(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{100 * value:+.0f} %"
 
 
-def table(results: dict[str, Prediction]) -> str:
-    """Every cell and the MAPE, as a markdown table."""
+def table(results: dict[str, Prediction], own: dict[str, Curve]) -> str:
+    """Every cell and the MAPE, as a markdown table; ``own``: each cell's prediction without
+    the host term (every peer its own machine), whose errors are the last two columns."""
     lines = [
         "| cell | target acc. | round ms pred. | round ms meas. | error | to target s pred. "
         "| to target s meas. | error | compute ms/step pred. / meas. | round less compute ms "
-        "pred. / meas. |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "pred. / meas. | without host_cores: round error | to target error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    round_errors, target_errors = [], []
+    round_errors, target_errors, own_round, own_target = [], [], [], []
     for name, result in results.items():
+        alone = own.get(name)
+        if alone is not None:
+            own_round.append(error(alone.per_round(), result.round_time[1]))
+            own_target.append(
+                error(time_to(alone, result.target, result.metric), result.time_to_target[1])
+            )
+        own_cells = (
+            f"{_pct(own_round[-1])} | {_pct(own_target[-1])}" if alone is not None else "- | -"
+        )
         (rp, rm), (tp, tm) = result.round_time, result.time_to_target
         round_errors.append(error(rp, rm))
         target_errors.append(error(tp, tm))
@@ -122,11 +142,13 @@ def table(results: dict[str, Prediction]) -> str:
         lines.append(
             f"| {name} | {result.target:.3f} | {_ms(rp)} | {_ms(rm)} | {_pct(error(rp, rm))} "
             f"| {_s(tp)} | {_s(tm)} | {_pct(error(tp, tm))} "
-            f"| {_ms(compute[0], 2)} / {_ms(compute[1], 2)} | {_ms(rest[0])} / {_ms(rest[1])} |"
+            f"| {_ms(compute[0], 2)} / {_ms(compute[1], 2)} | {_ms(rest[0])} / {_ms(rest[1])} "
+            f"| {own_cells} |"
         )
+    own_mape = f"{mape(own_round):.0f} % | {mape(own_target):.0f} %" if own_round else "- | -"
     lines.append(
         f"| **MAPE** over {len(results)} cells | | | | {mape(round_errors):.0f} % | | | "
-        f"{mape(target_errors):.0f} % | | |"
+        f"{mape(target_errors):.0f} % | | | {own_mape} |"
     )
     return "\n".join(lines)
 
@@ -192,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-calibrate", action="store_true", help="predict with the base file's constants"
     )
+    parser.add_argument(
+        "--host-cores",
+        default="auto",
+        help="[network] host_cores of every cell: auto (this machine's usable cores: the "
+        "swarm runs here), none, or a number (default auto)",
+    )
     args = parser.parse_args(argv)
     cells = (
         [tuple(c.split(":", 1)) for c in args.cells.split(",")]
@@ -216,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         measured = calibrate(str(args.base), steps=20, repeats=5, sizes=model_sizes(DEFAULT_SIZES))
         calibration = dict(measured["network"])
         print("calibrated: " + ", ".join(f"{k} = {v:.4g}" for k, v in calibration.items()))
+    cores = usable_cores() if args.host_cores == "auto" else args.host_cores
+    if cores != "none":
+        calibration["host_cores"] = int(cores)
+    own: dict[str, Curve] = {}
     results: dict[str, Prediction] = {}
     for algorithm, regime in cells:
         name = f"{algorithm}:{regime}"
@@ -226,9 +258,13 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.mkdir()
         print(f"== {name}: {file}", flush=True)
         results[name] = predict(str(file), target=args.target, directory=run_dir)
+        if "host_cores" in calibration:  # the same file, every peer on its own machine
+            config = load_experiment(str(file))
+            alone = replace(config, network=replace(config.network, host_cores=None))
+            own[name] = simulated_curve(alone)
         (tp, tm) = results[name].time_to_target
         print(f"   to target: predicted {_s(tp)} s, measured {_s(tm)} s ({_pct(error(tp, tm))})")
-    text = table(results)
+    text = table(results, own)
     stamp = f"{datetime.date.today()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
     print(f"\n# bench/predict_grid.py, {stamp}\n{text}")
     (args.out / "grid.md").write_text(f"<!-- bench/predict_grid.py, {stamp} -->\n{text}\n")

@@ -23,7 +23,7 @@ exit code 2 (:func:`launch_plan`): the baselines (a server or an all-reduce), pe
 overrides (an emulated link is a peer's uplink), ``server_bandwidth``, random compute
 (``compute_distribution`` other than ``constant``, ``compute_spread``),
 ``init = "independent"`` and a ``[graph]``. The time model's own keys (``step_time``, ``stack_latency``,
-``stack_bandwidth``) describe this machine, which the real run measures: they are read by
+``stack_bandwidth``, ``host_cores``) describe this machine, which the real run measures: they are read by
 ``gossipnet sim predict``, not by the peers; ``[output]`` is the simulator's. A ``latency`` or
 ``bandwidth`` equal to the simulator's default (100 µs, 10 Gb/s: a fast local network) is not
 emulated: loopback stands for it, and the peers send unshaped.

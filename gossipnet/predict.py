@@ -256,9 +256,12 @@ def simulated_curve(config: Any) -> Curve:
 
     algorithm, ctx, evaluation = build(config)
     records = run(algorithm, ctx, evaluation, rounds=config.rounds, eval_every=config.eval_every)
+    from sim.build import host_share
+
     net, n = config.network, config.workload.peers
     factors = [float(net.stragglers.get(i, 1.0)) for i in range(n)]
-    per_step = net.step_time * sum(factors) / n
+    step_time = net.step_time * host_share(n, net.host_cores)
+    per_step = step_time * sum(factors) / n
     synchronous = config.algorithm.name not in ASYNCHRONOUS
     return Curve(
         rounds=tuple(float(r.round) for r in records),
@@ -267,7 +270,7 @@ def simulated_curve(config: Any) -> Curve:
         loss=tuple(float(r.test_loss) for r in records),
         compute_per_step=per_step,
         compute_per_round=(
-            net.step_time * max(factors) * steps_per_round(config) if synchronous else math.nan
+            step_time * max(factors) * steps_per_round(config) if synchronous else math.nan
         ),
     )
 
@@ -416,12 +419,44 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="keep the real run's files here (default: a temporary folder, removed after)",
     )
     parser.add_argument(
+        "--host-cores",
+        default="auto",
+        help="the cores the real peers share, for the time model's [network] host_cores "
+        "(docs/time-model.md): auto (the file's host_cores, else this machine's usable cores: "
+        "the swarm runs here), none (each peer its own machine), or a number (default auto)",
+    )
+    parser.add_argument(
         "--calibrate",
         action="store_true",
         help="first measure step_time, stack_latency and stack_bandwidth on this machine "
         "(gossipnet sim calibrate) and predict with them (default: the file's [network])",
     )
     return parser
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, else the machine's count)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _host_cores(text: str, file_value: int | None, parser: argparse.ArgumentParser) -> int | None:
+    """``--host-cores``: the cores the real peers share (None: each its own machine)."""
+    if text == "auto":
+        return file_value if file_value is not None else usable_cores()
+    if text == "none":
+        return None
+    try:
+        cores = int(text)
+    except ValueError:
+        cores = 0
+    if cores < 1:
+        parser.error(f"--host-cores: must be auto, none or an integer >= 1, got {text!r}")
+    return cores
 
 
 def main(argv: Sequence[str], prog: str = "gossipnet sim predict") -> int:
@@ -440,11 +475,13 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim predict") -> int:
     try:
         from gossipnet.experiment_launch import launch_plan
 
-        launch_plan(load_experiment(args.experiment))  # refused before anything runs
+        experiment = load_experiment(args.experiment)
+        launch_plan(experiment)  # refused before anything runs
         given = set(load_experiment_data(args.experiment).get("network", {}))
     except (ConfigError, NotOnPeers) as error:
         parser.error(f"{args.experiment}: {error}")
-    calibration = None
+    host_cores = _host_cores(args.host_cores, experiment.network.host_cores, parser)
+    calibration: dict[str, Any] | None = None
     if args.calibrate:
         from gossipnet.calibrate import DEFAULT_SIZES, calibrate
 
@@ -460,6 +497,14 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim predict") -> int:
             f"note: {args.experiment} has no calibration in [network] ({', '.join(CALIBRATED_KEYS)}): "
             "the prediction is of the typed constants; measure them with gossipnet sim "
             "calibrate (or --calibrate)"
+        )
+    calibration = {**(calibration or {}), "host_cores": host_cores}
+    peers = experiment.workload.peers
+    if host_cores is not None and peers > host_cores:
+        print(
+            f"the {peers} peers share {host_cores} cores: the time model's CPU terms (step_time, "
+            f"stack_latency, stack_bandwidth) take {peers / host_cores:.3g}x as long ([network] "
+            "host_cores; --host-cores none: each peer its own machine)"
         )
     keep = args.dir is not None
     directory = Path(args.dir) if keep else Path(tempfile.mkdtemp(prefix="gossipnet-predict-"))

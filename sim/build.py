@@ -288,6 +288,19 @@ def _pair_privacy(config: ExperimentConfig, algorithm: Algorithm, noise: float) 
     )
 
 
+def host_share(peers: int, host_cores: int | None) -> float:
+    """How much longer a peer's CPU work takes when ``peers`` share a host of ``host_cores``
+    cores (``[network] host_cores``): ``max(1, peers / host_cores)``; 1 without a host.
+
+    The time model's CPU terms (a local step's ``step_time``, the stack's per-message
+    ``stack_latency`` and throughput ``stack_bandwidth``) are measured on one idle core
+    (``gossipnet sim calibrate``); when n peers run on C < n cores at once (a local swarm,
+    ``gossipnet launch``) each gets C/n of a core. The wire terms (``latency``,
+    ``bandwidth``) take no CPU and are not stretched; a straggler's factor multiplies the
+    stretched step (its emulated wait is K - 1 times its own measured compute)."""
+    return 1.0 if host_cores is None else max(1.0, peers / host_cores)
+
+
 def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
     """Data, partition, model, network and algorithm for one run (all seeded by ``seed``).
 
@@ -335,6 +348,7 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
         return build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
 
     peers = BatchedPeers(factory, w.peers, init=w.init, seed=config.seed, device=device)
+    share = host_share(w.peers, net.host_cores)
     data = data.to(device)
     byzantine = torch.from_numpy(byzantine_mask(config)).to(device)
     ctx = Context(
@@ -351,12 +365,12 @@ def build(config: ExperimentConfig) -> tuple[Algorithm, Context, Evaluation]:
                 (link["source"], link["target"]): (link["latency"], link["bandwidth"])
                 for link in net.links
             },
-            stack_latency=net.stack_latency,
-            stack_bandwidth=net.stack_bandwidth,
+            stack_latency=net.stack_latency * share,
+            stack_bandwidth=None if net.stack_bandwidth is None else net.stack_bandwidth / share,
         ),
         compute=ComputeModel(
             w.peers,
-            step_time=net.step_time,
+            step_time=net.step_time * share,
             distribution=net.compute_distribution,
             spread=net.compute_spread,
             stragglers=dict(net.stragglers),

@@ -83,6 +83,10 @@ A complete file (every key optional except where noted)::
     stack_latency = 0.0            # the software stack's seconds per message, added to latency
     stack_bandwidth = 3e8          # its bytes per second, in series with bandwidth (default:
                                    # none); both measured by `gossipnet sim calibrate`
+    host_cores = 2                 # all peers on one host of that many cores (a local swarm):
+                                   # the CPU terms (step_time, the stack's) stretch by
+                                   # peers / host_cores when larger than 1 (default: none,
+                                   # each peer its own machine); docs/time-model.md
 
     [graph]                        # a user graph, run by topology = "graph"
     file = "ring.edges"            # edge list, one "u v" per line, relative to this file
@@ -427,9 +431,12 @@ class NetworkConfig:
     crashes: tuple[Crash, ...] = ()
     stack_latency: float = 0.0
     stack_bandwidth: float | None = None
+    host_cores: int | None = None
 
     def __post_init__(self) -> None:
         _float("network.stack_latency", self.stack_latency, 0.0)
+        if self.host_cores is not None:
+            _int("network.host_cores", self.host_cores, 1)
         if self.stack_bandwidth is not None:
             _float("network.stack_bandwidth", self.stack_bandwidth, 0.0, open_low=True)
         for key, low_open in (("latency", False), ("bandwidth", True)):

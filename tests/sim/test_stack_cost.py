@@ -58,3 +58,17 @@ def test_an_experiment_with_a_stack_cost_takes_it_once_per_message() -> None:
     assert simulated_time(stack_latency=4e-3) == pytest.approx(wire + 3 * 2 * 4e-3)
     with pytest.raises(ConfigError, match=r"^network.stack_latency: must be in \[0, inf\]"):
         experiment_from_dict(experiment(stack_latency=-1.0))
+
+
+def test_peers_sharing_a_host_stretch_the_cpu_terms_not_the_wire() -> None:
+    """4 peers on 2 cores: step_time and the stack's terms take twice as long; a host with
+    as many cores as peers (or more) changes nothing."""
+    cpu = {"step_time": 0.01, "stack_latency": 4e-3}
+    alone = simulated_time(**cpu)
+    doubled = simulated_time(step_time=0.02, stack_latency=8e-3)
+    assert simulated_time(**cpu, host_cores=2) == pytest.approx(doubled)
+    assert simulated_time(**cpu, host_cores=4) == pytest.approx(alone)
+    assert simulated_time(**cpu, host_cores=64) == pytest.approx(alone)
+    assert doubled > alone
+    with pytest.raises(ConfigError, match=r"^network.host_cores: must be an integer >= 1"):
+        experiment_from_dict(experiment(host_cores=0))
