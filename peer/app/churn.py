@@ -133,6 +133,31 @@ def parse_crashes(text: str | None, peers: int) -> tuple[Crash, ...]:
     return tuple(crashes)
 
 
+REJOINS = ("ad-psgd", "dpsgd", "local-sgd")
+"""The algorithms whose crashed peer may rejoin (``--crashes PEER@AT+DOWN``): AD-PSGD has
+no rounds; a D-PSGD or local SGD peer takes up its neighbours' round when it is back
+(:mod:`peer.node.sync_round`, "Catching up")."""
+
+_NO_REJOIN = {
+    "push-sum": "the mass it held dies with it (its checkpoint's is older), so the swarm's "
+    "sum is no longer conserved",
+    "choco": "its neighbours' public copies of it, and its of them, are not in its checkpoint",
+}
+
+
+def check_rejoin(algorithm: str | None, mode: str | None) -> None:
+    """A ``ValueError`` starting ``--crashes:`` when a peer of ``algorithm`` (None: from
+    ``mode``, as launch chooses it) cannot rejoin (:data:`REJOINS`)."""
+    name = algorithm or ("dpsgd" if mode == "sync" else "ad-psgd")
+    if name in REJOINS:
+        return
+    why = _NO_REJOIN.get(name, "its rounds do not take up the swarm's round when it is back")
+    raise ValueError(
+        f"--crashes: +DOWN (a rejoin) needs {', '.join(REJOINS)}; a {name} peer cannot rejoin: "
+        f"{why} (docs/time-model.md); give PEER@AT (down to the end)"
+    )
+
+
 def stragglers_flag(stragglers: Mapping[int, float]) -> str:
     """The ``--stragglers`` value of a simulator's ``stragglers`` (peer -> factor, ranges
     already expanded): ``{3: 3.0, 5: 2.0}`` -> ``"3=3.0,5=2.0"``."""

@@ -47,15 +47,30 @@ def test_the_simulators_models_written_as_flags_read_back_the_same() -> None:
     assert parse_crashes(crashes_flag(crashes), 4) == crashes
 
 
-def test_a_sync_peer_may_crash_but_not_rejoin(capsys: pytest.CaptureFixture[str]) -> None:
-    args = _checked("--algorithm", "dpsgd", "--crashes", "1@2")  # down to the end: fine
+def test_a_dpsgd_or_local_sgd_peer_may_rejoin_a_push_sum_or_choco_one_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for algorithm in ("dpsgd", "local-sgd", "ad-psgd"):  # they take up the swarm's round
+        args = _checked("--algorithm", algorithm, "--crashes", "1@2+3")
+        assert args.crash_plan == (Crash(1, 2.0, 5.0),)
+    assert _checked("--mode", "sync", "--crashes", "1@2+3").crash_plan == (Crash(1, 2.0, 5.0),)
+    ring = ("--topology", "ring")
+    args = _checked("--algorithm", "push-sum", *ring, "--crashes", "1@2")  # down to the end
     assert args.crash_plan == (Crash(1, 2.0, None),)
-    with pytest.raises(SystemExit) as exit:
-        _checked("--algorithm", "dpsgd", "--crashes", "1@2+3")
-    assert exit.value.code == 2
-    assert "--crashes: +DOWN (a rejoin) needs the async algorithm, ad-psgd" in (
-        capsys.readouterr().err
-    )
+    for algorithm, why in (
+        ("push-sum", "the mass it held dies with it"),
+        ("choco", "its neighbours' public copies of it"),
+        ("diloco", "its rounds do not take up the swarm's round"),
+    ):
+        with pytest.raises(SystemExit) as exit:
+            _checked("--algorithm", algorithm, *ring, "--crashes", "1@2+3")
+        assert exit.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.endswith("give PEER@AT (down to the end)")
+        assert (
+            f"--crashes: +DOWN (a rejoin) needs ad-psgd, dpsgd, local-sgd; a {algorithm} peer "
+            f"cannot rejoin: {why}"
+        ) in err
 
 
 @pytest.mark.parametrize(
