@@ -8,8 +8,10 @@ The real counterparts of the simulator's ``[network]`` models (:mod:`sim.network
 * ``--crashes PEER@AT[+DOWN][,...]`` is ``crashes = [{peer, at, rejoin}]`` with
   ``rejoin = AT + DOWN`` (:class:`Crash`): the launcher SIGKILLs the peer AT seconds after
   the swarm starts training and, with +DOWN, has it back DOWN seconds later, from its
-  newest checkpoint (its next process starts at the crash and waits, :func:`run_crashes`). The results say who crashed and when it came back;
-  a peer down at the end is left out of the means (:func:`annotate`).
+  newest checkpoint (its next process starts at the crash and waits, :func:`run_crashes`); a
+  sync peer takes up its neighbours' round (:data:`REJOINS`, :func:`check_rejoin`). The
+  results say who crashed and when it came back; a peer down at the end is left out of the
+  means (:func:`annotate`).
 """
 
 from __future__ import annotations
@@ -218,8 +220,9 @@ async def run_crashes(
     ``--start-at`` the rejoin time, so it does its start-up (Python, torch, the data: seconds)
     while down and is back at ``rejoin``: it then resumes from its newest checkpoint (it
     checkpoints every :func:`peer.app.swarm.crash_checkpoint_every` steps unless
-    ``--checkpoint-every`` says otherwise), rejoins the members that checkpoint remembers and
-    trains on to ``--steps`` in all; or, if it crashed before its first checkpoint, it starts
+    ``--checkpoint-every`` says otherwise), rejoins the members that checkpoint remembers
+    (a sync peer in their current round, skipping the rounds it missed) and trains on to
+    ``--steps`` in all; or, if it crashed before its first checkpoint, it starts
     afresh from the initial model (``--no-fetch-state``: the simulator's rejoining peer keeps
     its own model, never a neighbour's) with all its steps. Each crash is recorded on the
     peer (``PeerProcess.crashes``), in seconds since time 0: ``pid`` (the process killed),
