@@ -135,10 +135,11 @@ def parse_crashes(text: str | None, peers: int) -> tuple[Crash, ...]:
     return tuple(crashes)
 
 
-REJOINS = ("ad-psgd", "dpsgd", "local-sgd")
+REJOINS = ("ad-psgd", "dpsgd", "local-sgd", "diloco", "noloco", "sparseloco")
 """The algorithms whose crashed peer may rejoin (``--crashes PEER@AT+DOWN``): AD-PSGD has
-no rounds; a D-PSGD or local SGD peer takes up its neighbours' round when it is back
-(:mod:`peer.node.sync_round`, "Catching up")."""
+no rounds; a peer of the others takes up its neighbours' round when it is back, with the
+model (and DiLoCo's slow weights) of its checkpoint (:mod:`peer.node.sync_round`,
+"Catching up")."""
 
 _NO_REJOIN = {
     "push-sum": "the mass it held dies with it (its checkpoint's is older), so the swarm's "
@@ -153,7 +154,7 @@ def check_rejoin(algorithm: str | None, mode: str | None) -> None:
     name = algorithm or ("dpsgd" if mode == "sync" else "ad-psgd")
     if name in REJOINS:
         return
-    why = _NO_REJOIN.get(name, "its rounds do not take up the swarm's round when it is back")
+    why = _NO_REJOIN.get(name, "it has no catch-up to its neighbours' round")
     raise ValueError(
         f"--crashes: +DOWN (a rejoin) needs {', '.join(REJOINS)}; a {name} peer cannot rejoin: "
         f"{why} (docs/time-model.md); give PEER@AT (down to the end)"

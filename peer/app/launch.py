@@ -145,8 +145,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="churn (the simulator's [network] crashes, rejoin = AT + DOWN): SIGKILL peer "
         "PEER AT seconds after the swarm starts training and, with +DOWN, start it again DOWN "
         "seconds later from its newest checkpoint (it checkpoints every 5%% of --steps unless "
-        "--checkpoint-every says otherwise; +DOWN with ad-psgd, dpsgd or local-sgd); a peer "
-        "down at the end is left out of the means; e.g. 2@10+5,3@20 (default: none)",
+        "--checkpoint-every says otherwise; +DOWN not with push-sum or choco); a peer down at "
+        "the end is left out of the means; e.g. 2@10+5,3@20 (default: none)",
     )
     swarm.add_argument(
         "--fanout",

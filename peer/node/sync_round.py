@@ -16,19 +16,21 @@ of the topology's W_t (:mod:`peer.node.topology`). Round t of a peer:
 
 A message up to ``LATE_ROUNDS`` rounds ahead (a faster neighbour's) is kept for its
 round; one up to ``LATE_ROUNDS`` late goes to the rule's ``late`` at the next round's
-start (or in ``settle``). A neighbour heard from at a round later than ours will not send
-ours (it sends each round's message once, in that round): it is not waited for.
-
-Catching up: a peer that starts where the rule's message is its model (D-PSGD, local SGD)
-takes up its neighbours' round. Until one of its rounds mixes a neighbour's message, a
-round starts at the newest round any neighbour was heard at, the rounds between skipped
-(no step, no exchange; its step count and learning rate go on from its own). So a peer
-resumed from a checkpoint, or restarted afresh, rounds behind its swarm (``launch
---crashes P@AT+DOWN``) goes on from its model in the swarm's current round, as the
-simulator's rejoining peer does. A Byzantine peer (``PeerConfig.byzantine``) replaces every
+start (or in ``settle``). A Byzantine peer (``PeerConfig.byzantine``) replaces every
 message it sends with ``consensus.byzantine_message``. Tensor work runs in worker
 threads (``peer.protocol.threads.in_thread``), never on the event loop: the k received
 messages are stacked in the thread that combines them.
+
+A neighbour heard from at a round later than ours will not send ours (it sends each round's
+message once, in that round): it is not waited for. Catching up: a peer whose rule drops a
+message that missed its round (the model: D-PSGD, local SGD; the fast weights: DiLoCo,
+NoLoCo, SparseLoCo) takes up its neighbours' round when it starts; push-sum's mass and
+CHOCO's increments must all arrive, so those never skip. Until one of its rounds mixes a
+neighbour's message, a round starts at the newest round any neighbour was heard at, the
+rounds between skipped (no step, no exchange; its step count and learning rate go on from
+its own). So a peer resumed from a checkpoint, or
+restarted afresh, rounds behind its swarm (``launch --crashes P@AT+DOWN``) goes on from its
+model in the swarm's current round, as the simulator's rejoining peer does.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import torch
 
 import consensus
 from gossip.algorithms import neighbourhood_fits
+from gossip.outer import DiLoCo
 from peer.node.context import PeerContext
 from peer.node.membership import Member
 from peer.protocol.errors import ALIVE_REFUSALS, Busy, ProtocolError
@@ -96,7 +99,9 @@ class SyncRound:
     def start(self) -> None:
         """Make the condition rounds and answers wait on, for the running event loop."""
         self._changed = asyncio.Condition()
-        self._catching_up = self.ctx.algorithm.message_is_model
+        self._catching_up = self.ctx.algorithm.message_is_model or isinstance(
+            self.ctx.algorithm, DiLoCo
+        )
 
     async def settle(self) -> None:
         """Hand the rule the messages that arrived after this peer's last round (sync mode).

@@ -18,8 +18,13 @@ DEADLINE_S = 3.0
 
 @pytest.mark.parametrize(
     ("algorithm", "h"),
-    [({"algorithm": "dpsgd"}, 1), ({"algorithm": "local-sgd", "local_steps": 2}, 2)],
-    ids=["dpsgd", "local-sgd"],
+    [
+        ({"algorithm": "dpsgd"}, 1),
+        ({"algorithm": "local-sgd", "local_steps": 2}, 2),
+        ({"algorithm": "diloco", "local_steps": 2}, 2),
+        ({"algorithm": "sparseloco", "local_steps": 2}, 2),
+    ],
+    ids=["dpsgd", "local-sgd", "diloco", "sparseloco"],
 )
 async def test_a_peer_rounds_behind_takes_up_its_neighbours_round(
     algorithm: dict[str, Any], h: int
