@@ -8,8 +8,10 @@ The real counterparts of the simulator's ``[network]`` models (:mod:`sim.network
 * ``--crashes PEER@AT[+DOWN][,...]`` is ``crashes = [{peer, at, rejoin}]`` with
   ``rejoin = AT + DOWN`` (:class:`Crash`): the launcher SIGKILLs the peer AT seconds after
   the swarm starts training and, with +DOWN, has it back DOWN seconds later, from its
-  newest checkpoint (its next process starts at the crash and waits, :func:`run_crashes`). The results say who crashed and when it came back;
-  a peer down at the end is left out of the means (:func:`annotate`).
+  newest checkpoint (its next process starts at the crash and waits, :func:`run_crashes`); a
+  sync peer takes up its neighbours' round (:data:`REJOINS`, :func:`check_rejoin`). The
+  results say who crashed and when it came back; a peer down at the end is left out of the
+  means (:func:`annotate`).
 """
 
 from __future__ import annotations
@@ -133,6 +135,32 @@ def parse_crashes(text: str | None, peers: int) -> tuple[Crash, ...]:
     return tuple(crashes)
 
 
+REJOINS = ("ad-psgd", "dpsgd", "local-sgd", "diloco", "noloco", "sparseloco")
+"""The algorithms whose crashed peer may rejoin (``--crashes PEER@AT+DOWN``): AD-PSGD has
+no rounds; a peer of the others takes up its neighbours' round when it is back, with the
+model (and DiLoCo's slow weights) of its checkpoint (:mod:`peer.node.sync_round`,
+"Catching up")."""
+
+_NO_REJOIN = {
+    "push-sum": "the mass it held dies with it (its checkpoint's is older), so the swarm's "
+    "sum is no longer conserved",
+    "choco": "its neighbours' public copies of it, and its of them, are not in its checkpoint",
+}
+
+
+def check_rejoin(algorithm: str | None, mode: str | None) -> None:
+    """A ``ValueError`` starting ``--crashes:`` when a peer of ``algorithm`` (None: from
+    ``mode``, as launch chooses it) cannot rejoin (:data:`REJOINS`)."""
+    name = algorithm or ("dpsgd" if mode == "sync" else "ad-psgd")
+    if name in REJOINS:
+        return
+    why = _NO_REJOIN.get(name, "it has no catch-up to its neighbours' round")
+    raise ValueError(
+        f"--crashes: +DOWN (a rejoin) needs {', '.join(REJOINS)}; a {name} peer cannot rejoin: "
+        f"{why} (docs/time-model.md); give PEER@AT (down to the end)"
+    )
+
+
 def stragglers_flag(stragglers: Mapping[int, float]) -> str:
     """The ``--stragglers`` value of a simulator's ``stragglers`` (peer -> factor, ranges
     already expanded): ``{3: 3.0, 5: 2.0}`` -> ``"3=3.0,5=2.0"``."""
@@ -193,8 +221,9 @@ async def run_crashes(
     ``--start-at`` the rejoin time, so it does its start-up (Python, torch, the data: seconds)
     while down and is back at ``rejoin``: it then resumes from its newest checkpoint (it
     checkpoints every :func:`peer.app.swarm.crash_checkpoint_every` steps unless
-    ``--checkpoint-every`` says otherwise), rejoins the members that checkpoint remembers and
-    trains on to ``--steps`` in all; or, if it crashed before its first checkpoint, it starts
+    ``--checkpoint-every`` says otherwise), rejoins the members that checkpoint remembers
+    (a sync peer in their current round, skipping the rounds it missed) and trains on to
+    ``--steps`` in all; or, if it crashed before its first checkpoint, it starts
     afresh from the initial model (``--no-fetch-state``: the simulator's rejoining peer keeps
     its own model, never a neighbour's) with all its steps. Each crash is recorded on the
     peer (``PeerProcess.crashes``), in seconds since time 0: ``pid`` (the process killed),

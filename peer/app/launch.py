@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer.app.churn import annotate, parse_crashes, parse_stragglers, run_crashes
+from peer.app.churn import annotate, check_rejoin, parse_crashes, parse_stragglers, run_crashes
 from peer.app.peer_flags import (
     add_link_flags,
     add_optimizer_flags,
@@ -72,7 +72,6 @@ from peer.app.swarm import (
     PeerProcess,
     Swarm,
     byzantine_peers,
-    holds,
     peer_flags,
 )
 from peer.app.usage import OneLineParser, UsageError, add_setting_flags, flag_namer
@@ -158,9 +157,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
         help="churn (the simulator's [network] crashes, rejoin = AT + DOWN): SIGKILL peer "
         "PEER AT seconds after the swarm starts training and, with +DOWN, start it again DOWN "
         "seconds later from its newest checkpoint (it checkpoints every 5%% of --steps unless "
-        "--checkpoint-every says otherwise; +DOWN with ad-psgd only); a peer down at the end "
-        "is left out of the means; "
-        "e.g. 2@10+5,3@20 (default: none)",
+        "--checkpoint-every says otherwise; +DOWN not with push-sum or choco); a peer down at "
+        "the end is left out of the means; e.g. 2@10+5,3@20 (default: none)",
     )
     swarm.add_argument(
         "--fanout",
@@ -361,13 +359,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     try:
         args.slowdowns = parse_stragglers(args.stragglers, args.peers)
         args.crash_plan = parse_crashes(args.crashes, args.peers)
-        if any(crash.rejoin is not None for crash in args.crash_plan) and not holds(args):
-            raise ValueError(
-                "--crashes: +DOWN (a rejoin) needs the async algorithm, ad-psgd: a sync peer "
-                "that resumes is rounds behind its neighbours, which then wait "
-                "--round-deadline-s for it every round (docs/time-model.md); give PEER@AT "
-                "(down to the end)"
-            )
+        if any(crash.rejoin is not None for crash in args.crash_plan):
+            check_rejoin(args.algorithm, args.mode)
     except ValueError as error:
         parser.error(str(error))
     args.byzantine_count, args.byzantine_attack = _byzantine(args, parser)

@@ -20,6 +20,17 @@ start (or in ``settle``). A Byzantine peer (``PeerConfig.byzantine``) replaces e
 message it sends with ``consensus.byzantine_message``. Tensor work runs in worker
 threads (``peer.protocol.threads.in_thread``), never on the event loop: the k received
 messages are stacked in the thread that combines them.
+
+A neighbour heard from at a round later than ours will not send ours (it sends each round's
+message once, in that round): it is not waited for. Catching up: a peer whose rule drops a
+message that missed its round (the model: D-PSGD, local SGD; the fast weights: DiLoCo,
+NoLoCo, SparseLoCo) takes up its neighbours' round when it starts; push-sum's mass and
+CHOCO's increments must all arrive, so those never skip. Until one of its rounds mixes a
+neighbour's message, a round starts at the newest round any neighbour was heard at, the
+rounds between skipped (no step, no exchange; its step count and learning rate go on from
+its own). So a peer resumed from a checkpoint, or
+restarted afresh, rounds behind its swarm (``launch --crashes P@AT+DOWN``) goes on from its
+model in the swarm's current round, as the simulator's rejoining peer does.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import torch
 
 import consensus
 from gossip.algorithms import neighbourhood_fits
+from gossip.outer import DiLoCo
 from peer.node.context import PeerContext
 from peer.node.membership import Member
 from peer.node.secure_round import SecureSums
@@ -84,10 +96,17 @@ class SyncRound:
         """Secure sums (``--secure-sum``, :mod:`peer.node.secure_round`), or None."""
         self._sealed: dict[str, Envelope] = {}
         """With secure sums: this round's masked message for each partner address."""
+        self._newest: dict[str, int] = {}
+        """The newest round each sender was heard at (kept or not)."""
+        self._catching_up = False
+        """Whether a round starts at the newest round heard (:meth:`_catch_up`)."""
 
     def start(self) -> None:
         """Make the condition rounds and answers wait on, for the running event loop."""
         self._changed = asyncio.Condition()
+        self._catching_up = self.ctx.algorithm.message_is_model or isinstance(
+            self.ctx.algorithm, DiLoCo
+        )
 
     async def settle(self) -> None:
         """Hand the rule the messages that arrived after this peer's last round (sync mode).
@@ -106,12 +125,13 @@ class SyncRound:
     # ------------------------------------------------------------------ one round
 
     async def exchange(self) -> int:
-        """Round ``ctx.round``: hand over late messages, publish ours, exchange with the
+        """Round ``ctx.round`` (while catching up, the newest round heard if later: see the
+        module doc): hand over late messages, publish ours, exchange with the
         round's neighbours until all answered or the deadline, and combine what arrived;
         returns how many neighbours' messages it mixed."""
         assert self._changed is not None
-        t = self.ctx.round
         async with self._changed:
+            t = self._catch_up()
             overdue = self._take_late(t)
         if overdue:
             await in_thread(self._late_locked, overdue, t)
@@ -130,7 +150,11 @@ class SyncRound:
         envelope = self._published
 
         def done(peer_id: str) -> bool:
-            return peer_id in failed or t in self._inbox.get(peer_id, {})
+            return (
+                peer_id in failed
+                or t in self._inbox.get(peer_id, {})
+                or self._newest.get(peer_id, -1) > t  # past round t: it will not send ours
+            )
 
         def complete() -> bool:
             return all(done(j) for j in expected)
@@ -138,7 +162,8 @@ class SyncRound:
         # One round trip per pair: we call neighbours with a larger id (a client-only
         # peer calls everyone) and expect the others to call us. A smaller-id neighbour
         # whose model has not arrived after a quarter of the deadline is called too,
-        # so a dead or lagging one is still detected and suspected.
+        # so a dead or lagging one is still detected and suspected; one already suspected
+        # is called at once (a dead one costs a refused call, not a quarter deadline).
         eager: list[Member] = []
         lazy: list[Member] = []
         for member in self.ctx.neighbours():
@@ -149,9 +174,8 @@ class SyncRound:
                 # round's message is lost (CHOCO's copies and push-sum's mass need every one)
                 eager.append(member)
                 continue
-            (eager if self.ctx.address is None or member.id > self.ctx.peer_id else lazy).append(
-                member
-            )
+            calls = self.ctx.address is None or member.id > self.ctx.peer_id
+            (eager if calls or member.status == "suspected" else lazy).append(member)
         tasks = [asyncio.create_task(self._sync_call(m, envelope, failed)) for m in eager]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ctx.config.round_deadline_s
@@ -184,8 +208,24 @@ class SyncRound:
             await in_thread(self._combine_locked, sent, messages, weights, mask, self_weight)
         for j in present:  # a message that comes after this mix is late (next round's start)
             self._inbox[j].pop(t, None)
+        self._catching_up = self._catching_up and not present
         self.ctx.health.record(ok=len(present), failed=len(expected) - len(present))
         return len(present)
+
+    def _catch_up(self) -> int:
+        """This round's number: ``ctx.round``, or, while catching up, the newest round a
+        neighbour was heard at if later (the peer skips to it; condition held)."""
+        newest = max(self._newest.values(), default=-1)
+        if self._catching_up and newest > self.ctx.round:
+            logger.info(
+                "peer %s: its neighbours are at round %d; skipping rounds %d-%d to take it up",
+                self.ctx.peer_id,
+                newest,
+                self.ctx.round,
+                newest - 1,
+            )
+            self.ctx.round = newest
+        return self.ctx.round
 
     def _fits(self, size: int) -> bool:
         """Whether the rule can mix ``size`` models; warns once when it starts not to."""
@@ -369,9 +409,17 @@ class SyncRound:
         heard = self._heard.setdefault(sender, set())
         if round_ in heard:  # a round's message counts once (a reply may repeat one)
             return
+        self._newest[sender] = max(round_, self._newest.get(sender, -1))
         behind, ahead = self._window()
-        if self.ctx.round - behind <= round_ <= self.ctx.round + ahead:
-            self._inbox.setdefault(sender, {})[round_] = vector
+        beyond = round_ > self.ctx.round + ahead
+        if self.ctx.round - behind <= round_ <= self.ctx.round + ahead or (
+            beyond and self._catching_up and round_ == self._newest[sender]
+        ):
+            inbox = self._inbox.setdefault(sender, {})
+            if beyond:  # for the round we will skip to: only the sender's newest is kept
+                for r in [r for r in inbox if r > self.ctx.round + ahead]:
+                    del inbox[r]
+            inbox[round_] = vector
             heard.add(round_)
             heard.difference_update([r for r in heard if r < self.ctx.round - LATE_ROUNDS])
         elif round_ < self.ctx.round and behind:
