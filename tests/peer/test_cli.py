@@ -371,12 +371,17 @@ def test_live_progress_line_and_json_logs_on_stderr() -> None:
 
 
 def test_ctrl_c_stops_a_peer_cleanly_like_sigterm(tmp_path: Path) -> None:
+    """Ctrl-C stops a peer as SIGTERM does. The peer runs without a swarm secret, so the same
+    run checks that the open-swarm warning is printed once over a whole run (this was
+    tests/peer/test_errors.py's test_the_open_swarm_warning_is_printed_once, a process of its
+    own)."""
     address_file = tmp_path / "a.address"
     checkpoints = tmp_path / "checkpoints"
+    env = {k: v for k, v in os.environ.items() if k != "GOSSIPNET_SECRET"}
     running = subprocess.Popen(
         gossipnet("--id", "a", "--address-file", str(address_file), "--checkpoint-dir",
                   str(checkpoints), "--status-every", "5", *WORKLOAD),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )  # fmt: skip
     try:
         wait_for_file(address_file, running)
@@ -386,6 +391,7 @@ def test_ctrl_c_stops_a_peer_cleanly_like_sigterm(tmp_path: Path) -> None:
         running.kill()
     assert running.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.count("NO SWARM SECRET") == 1, err
     final = status_lines(out)[-1]
     assert final["stopped"] is True
     assert list(checkpoints.glob("checkpoint-*.safetensors"))  # the final checkpoint
