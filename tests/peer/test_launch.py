@@ -48,8 +48,10 @@ def final_status(path: Path) -> dict[str, Any]:
 def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
     tmp_path: Path, cache: str
 ) -> None:
+    """Two listening peers and a client-only one (three listening before: one more start-up
+    and 300 rounds of exchanges; the accuracies stay as close to the centralized run)."""
     result = subprocess.run(
-        gossipnet("launch", "--peers", "4", "--client-only", "1", "--steps", "300",
+        gossipnet("launch", "--peers", "3", "--client-only", "1", "--steps", "300",
                   "--dataset", "mnist1d:num_samples=4000", "--dir", str(tmp_path), "--json"),
         capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=110,
     )  # fmt: skip
@@ -58,21 +60,21 @@ def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
     reference = results["centralized"]["test_accuracy"]
     accuracies = [peer["test_accuracy"] for peer in results["peers"]]
     assert reference > 0.45  # far above chance (0.1)
-    assert [peer["step"] for peer in results["peers"]] == [300] * 4
+    assert [peer["step"] for peer in results["peers"]] == [300] * 3
     assert min(accuracies) > reference - 0.08, (accuracies, reference)
-    assert sum(accuracies) / 4 > reference - 0.05, (accuracies, reference)
-    assert results["centralized"]["samples"] == 300 * 4 * 32
+    assert sum(accuracies) / 3 > reference - 0.05, (accuracies, reference)
+    assert results["centralized"]["samples"] == 300 * 3 * 32
     # The client-only peer listened nowhere yet exchanged with the swarm both ways,
     # and the listening peers knew it (while it trained: when it stops it says goodbye, and
     # a peer's last lines no longer count it as a neighbour).
-    client = final_status(tmp_path / "peer-3.out")
-    assert not (tmp_path / "peer-3.address").exists()
+    client = final_status(tmp_path / "peer-2.out")
+    assert not (tmp_path / "peer-2.address").exists()
     assert client["bytes_in"] > 0 and client["bytes_out"] > 0 and client["neighbours"]
     seen_by = [
         i
-        for i in range(3)
+        for i in range(2)
         for line in (tmp_path / f"peer-{i}.out").read_text().splitlines()
-        if line.startswith("{") and "peer-3" in json.loads(line)["neighbours"]
+        if line.startswith("{") and "peer-2" in json.loads(line)["neighbours"]
     ]
     assert seen_by
     assert "centralized" in result.stdout and "vs centralized" in result.stdout
