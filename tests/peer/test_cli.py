@@ -17,6 +17,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from peer.app.swarm import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "cli-test-swarm-secret-0123456789"
 WORKLOAD = ["--dataset", "synthetic:num_samples=400,seed=0", "--peers", "2"]
@@ -55,13 +57,16 @@ def metrics_rows(log_dir: Path) -> list[dict[str, str]]:
 @pytest.mark.slow
 def test_two_peer_processes_train_together(tmp_path: Path) -> None:
     address_file = tmp_path / "a.address"
+    # both at once, as launch starts a swarm: a's port is chosen here and b retries its join
+    # until a listens (not: a alone, training, while b starts up)
+    address = f"127.0.0.1:{free_ports(1)[0]}"
     first = subprocess.Popen(
         gossipnet("--id", "a", "--address-file", str(address_file), "--peer-index", "0",
-                  "--status-every", "1000000", *WORKLOAD),  # quiet: nobody reads its pipe yet
+                  "--port", address.rpartition(":")[2], "--status-every", "1000000",
+                  *WORKLOAD),  # quiet: nobody reads its pipe yet
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=ROOT,
     )  # fmt: skip
     try:
-        address = wait_for_file(address_file, first)
         second = subprocess.run(
             gossipnet("--id", "b", "--join", address, "--peer-index", "1", "--steps", "12",
                       "--status-every", "4", "--log-dir", str(tmp_path / "b-log"),
@@ -69,6 +74,7 @@ def test_two_peer_processes_train_together(tmp_path: Path) -> None:
             capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=100,
         )  # fmt: skip
         assert second.returncode == 0, second.stderr
+        assert wait_for_file(address_file, first) == address
         first.send_signal(signal.SIGTERM)  # a trains until told to stop
         out, err = first.communicate(timeout=100)
     finally:

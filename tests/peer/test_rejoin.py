@@ -62,11 +62,10 @@ def test_a_restarted_bootstrap_peer_rejoins_the_members_it_remembers(tmp_path: P
     own_command = ("--port", str(a_port), "--checkpoint-dir", str(folder),
                    "--checkpoint-every", "10")  # fmt: skip
     processes = [start(tmp_path, "a", 0, *own_command)]
-    try:
-        wait_until("a listens", lambda: (tmp_path / "a.address").exists())
+    try:  # b and c start with a, as launch starts a swarm: their joins retry until a listens
         processes += [start(tmp_path, "b", 1, "--join", a), start(tmp_path, "c", 2, "--join", a)]
-        wait_until("b and c listen", lambda: (tmp_path / "b.address").exists()
-                   and (tmp_path / "c.address").exists())  # fmt: skip
+        wait_until("a, b and c listen", lambda: all(
+            (tmp_path / f"{x}.address").exists() for x in "abc"))  # fmt: skip
         b, c = (tmp_path / "b.address").read_text(), (tmp_path / "c.address").read_text()
         wait_until("a checkpointed b and c as members", lambda: remembered(folder) == {"b", "c"})
         processes[0].send_signal(signal.SIGKILL)
