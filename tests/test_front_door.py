@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -47,18 +45,41 @@ def test_import_linter_contracts_hold() -> None:
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("package", ["topologies", "workloads", "consensus", "gossip", "peer"])
-def test_packages_do_not_pull_in_matplotlib(package: str) -> None:
-    """An edge device installs the peer without the plotting stack: plotting is lazy."""
-    code = f"import sys, {package}; import pkgutil, importlib\n" + (
-        f"for m in pkgutil.walk_packages({package}.__path__, '{package}.'):\n"
-        "    if not m.name.endswith('.__main__'):\n"
-        "        importlib.import_module(m.name)\n"
-        "print('matplotlib' in sys.modules)"
+PACKAGES = ["topologies", "workloads", "consensus", "gossip", "peer"]
+
+
+def test_packages_do_not_pull_in_matplotlib() -> None:
+    """An edge device installs the peer without the plotting stack: plotting is lazy. Every
+    module of each package, package by package in one process (a Python start-up with torch
+    for all five): the first package whose modules load matplotlib is the one named."""
+    code = "import sys, pkgutil, importlib\n" + (
+        f"for package in {PACKAGES!r}:\n"
+        "    root = importlib.import_module(package)\n"
+        "    for m in pkgutil.walk_packages(root.__path__, package + '.'):\n"
+        "        if not m.name.endswith('.__main__'):\n"
+        "            importlib.import_module(m.name)\n"
+        "    print(package, 'matplotlib' in sys.modules)\n"
     )
     result = run(sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert result.stdout.split() == [word for p in PACKAGES for word in (p, "False")]
+
+
+def test_a_peer_starts_without_networkx_or_scipy() -> None:
+    """Every ``gossipnet peer`` and ``launch`` process imports its command's modules before
+    it parses a flag: without a --topology they never build a graph, so ``topologies`` gives
+    them its names and specs without networkx and scipy (about 0.2 s of processor time each,
+    lazy in topologies/__init__.py, graphs.py, schedules.py, neighbours.py and specs.py)."""
+    code = (
+        "import sys\n"
+        "import peer.app.cli, peer.app.launch, topologies\n"
+        "print(topologies.parse_spec('ring')[0], 'networkx' in sys.modules, 'scipy' in sys.modules)\n"
+        "topologies.build_schedule('ring', 4)\n"
+        "print('networkx' in sys.modules, 'scipy' in sys.modules)\n"
+    )
+    result = run(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ring", "False", "False", "True", "True"], result.stdout
 
 
 def test_every_subcommand_resolves_to_a_main_function() -> None:

@@ -16,11 +16,14 @@ import math
 import operator
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from topologies.errors import TopologyError
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built (``import topologies`` stays light)
+    import networkx as nx
 
 #: How many seeded draws a random builder makes before giving up on connectivity.
 CONNECT_TRIES = 200
@@ -64,6 +67,8 @@ def _seed(seed: object) -> int:
 
 def _from_edges(n: int, edges: np.ndarray, *, directed: bool = False) -> nx.Graph:
     """Graph on nodes 0..n-1 (in order) from an [m, 2] integer edge array; self-loops dropped."""
+    import networkx as nx
+
     graph: nx.Graph = nx.DiGraph() if directed else nx.Graph()
     graph.add_nodes_from(range(n))
     edges = edges[edges[:, 0] != edges[:, 1]]
@@ -93,6 +98,8 @@ def ring(n: int) -> nx.Graph:
         |       |
         5 - 4 - 3
     """
+    import networkx as nx
+
     return nx.cycle_graph(_nodes(n))
 
 
@@ -147,6 +154,8 @@ def torus(n: int, rows: int | None = None, cols: int | None = None) -> nx.Graph:
 
 def complete(n: int) -> nx.Graph:
     """Every pair connected; degree n - 1. One round of Metropolis weights is exact averaging."""
+    import networkx as nx
+
     return nx.complete_graph(_nodes(n))
 
 
@@ -157,6 +166,8 @@ def star(n: int) -> nx.Graph:
        \\ /
     4 - 0 - 3
     """
+    import networkx as nx
+
     return nx.star_graph(_nodes(n) - 1)
 
 
@@ -182,6 +193,8 @@ def hypercube(n: int) -> nx.Graph:
 
 
 def _connected_draw(name: str, parameter: str, draw: Callable[[], nx.Graph], hint: str) -> nx.Graph:
+    import networkx as nx
+
     for _ in range(CONNECT_TRIES):
         graph = draw()
         if nx.is_connected(graph):
@@ -196,6 +209,8 @@ def random_regular(n: int, degree: int = 4, seed: int = 0) -> nx.Graph:
 
     Needs 1 <= degree <= n - 1 and n * degree even; degree 1 is connected only for n = 2.
     """
+    import networkx as nx
+
     count = _nodes(n)
     d = _integer("degree", degree)
     if not 1 <= d <= count - 1 or (count * d) % 2:
@@ -222,6 +237,8 @@ def erdos_renyi(n: int, p: float | None = None, seed: int = 0) -> nx.Graph:
 
     The graph is connected with high probability when p > ln(n) / n (Erdős & Rényi, 1960).
     """
+    import networkx as nx
+
     count = _nodes(n)
     prob = min(1.0, 2.0 * math.log(count) / count) if p is None else p
     prob = _probability("p", prob, allow_zero=False)
@@ -241,6 +258,8 @@ def small_world(n: int, degree: int = 4, p: float = 0.1, seed: int = 0) -> nx.Gr
     Start from a ring lattice where each node links to its ``degree`` nearest nodes (degree even),
     then rewire each edge with probability ``p``. Mean degree stays ``degree``.
     """
+    import networkx as nx
+
     count = _nodes(n, 3)
     d = _integer("degree", degree)
     if d < 2 or d >= count or d % 2:
@@ -281,6 +300,8 @@ def exponential_undirected(n: int) -> nx.Graph:
 
     Degree at most 2 ceil(log2 n) (2 log2 n - 1 for n a power of two, where +n/2 = -n/2).
     """
+    import networkx as nx
+
     directed = exponential(n)
     return nx.Graph(directed)
 
@@ -294,6 +315,8 @@ def dumbbell(n: int) -> nx.Graph:
         | X | - ... - | X |
         2 - 3         6 - 7
     """
+    import networkx as nx
+
     count = _nodes(n, 6)
     half = count // 2
     graph = nx.complete_graph(half)
@@ -312,6 +335,8 @@ def from_graph(graph: nx.Graph) -> nx.Graph:
     :func:`networkx.convert_node_labels_to_integers`), no self-loops (self weights are implicit),
     and connected (strongly connected when directed).
     """
+    import networkx as nx
+
     if not isinstance(graph, nx.Graph) or graph.is_multigraph():
         raise TopologyError(
             "graph",

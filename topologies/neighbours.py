@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 if TYPE_CHECKING:
+    import scipy.sparse as sp
+
     from topologies.schedules import Schedule
 
 
@@ -50,6 +51,8 @@ class NeighbourTable:
 
     def to_matrix(self) -> sp.csr_array:
         """Rebuild W as a csr_array: W_ij = weight at (i, slot of j), W_ii = self_weight_i."""
+        import scipy.sparse as sp
+
         rows = np.broadcast_to(np.arange(self.n)[:, None], self.index.shape)[self.mask]
         node = np.arange(self.n)
         matrix = sp.coo_array(
@@ -71,6 +74,8 @@ def neighbour_table(matrix: sp.sparray | np.ndarray, *, width: int | None = None
     ``width`` pads every row to that many slots (useful to keep one shape across the rounds of
     a time-varying schedule); it must be at least the widest row. Vectorized over the CSR arrays.
     """
+    import scipy.sparse as sp  # here, not at the top: ``import topologies`` stays light
+
     w = sp.csr_array(matrix, dtype=np.float64)
     n = w.shape[0]
     if w.shape != (n, n):

@@ -8,15 +8,16 @@ reproduced on its own, in any order, by any process (the simulator and every pee
 from __future__ import annotations
 
 import math
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
-import scipy.sparse as sp
 
 from topologies.errors import TopologyError
 from topologies.graphs import _integer, _nodes, _seed
-from topologies.mixing import assemble_matrix
 from topologies.neighbours import NeighbourTable, neighbour_table
+
+if TYPE_CHECKING:  # scipy comes with the first matrix built (``import topologies`` stays light)
+    import scipy.sparse as sp
 
 
 @runtime_checkable
@@ -41,6 +42,8 @@ class Static:
     """The same mixing matrix W every round."""
 
     def __init__(self, matrix: sp.sparray | np.ndarray) -> None:
+        import scipy.sparse as sp
+
         w = sp.csr_array(matrix, dtype=np.float64)
         if w.shape[0] != w.shape[1]:
             raise ValueError(f"matrix must be square, got shape {w.shape}")
@@ -77,6 +80,8 @@ class OnePeerExponential:
         return 1 << (_round(t) % self.period)
 
     def mixing(self, t: int) -> sp.csr_array:
+        from topologies.mixing import assemble_matrix
+
         node = np.arange(self.n, dtype=np.int64)
         half = np.full(self.n, 0.5)
         return assemble_matrix(self.n, node, (node + self.offset(t)) % self.n, half, half)
@@ -103,6 +108,8 @@ class RandomMatching:
         return np.stack([order[:half], order[half : 2 * half]], axis=1)
 
     def mixing(self, t: int) -> sp.csr_array:
+        from topologies.mixing import assemble_matrix
+
         pairs = self.pairs(t)
         diagonal = np.ones(self.n)
         diagonal[pairs.ravel()] = 0.5
@@ -168,6 +175,8 @@ class RandomKOut:
         return np.where(picks >= node, picks + 1, picks).astype(np.int64)
 
     def mixing(self, t: int) -> sp.csr_array:
+        from topologies.mixing import assemble_matrix
+
         targets = self.targets(t)
         senders = np.repeat(np.arange(self.n, dtype=np.int64), self.k)
         receivers = targets.ravel()

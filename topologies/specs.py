@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from topologies.errors import TopologyError
-from topologies.mixing import mixing_matrix
 from topologies.registry import TOPOLOGIES, build
 from topologies.schedules import OnePeerExponential, RandomKOut, RandomMatching, Schedule, Static
 from topologies.spec_grammar import SpecError
@@ -199,6 +198,8 @@ def build_schedule(
             f"topology spec {spec!r}: weights={weights!r} applies only to static graphs; "
             f"the schedule {name} carries its own weights, leave weights unset",
         )
+    from topologies.mixing import mixing_matrix  # scipy: only once a matrix is built
+
     every: dict[str, object] = {**merged, **extra}
     if "seed" in _parameters(name) and "seed" not in every:
         default = _integer(seed)

@@ -1,10 +1,11 @@
 """Errors that help: each user mistake is one line on stderr, exit code 2, before anything
 expensive starts, the exact line asserted. What is about the process (a port taken, an
-unexpected error and its traceback, a warning printed once) runs real ``gossipnet``
-processes; a mistake in the arguments goes through the command's entry point
-(``gossipnet.cli.main``) in this process: the same parsing and checks, without a Python and
-torch start-up each (tests/peer/test_cli.py and tests/test_front_door.py refuse arguments in
-real processes too)."""
+unexpected error and its traceback) runs real ``gossipnet`` processes (that the open-swarm
+warning is printed once: tests/peer/test_cli.py's Ctrl-C run, which has no secret); a
+mistake in the arguments goes through the command's entry point (``gossipnet.cli.main``) in
+this process: the same parsing and checks, without a Python and torch start-up each
+(tests/peer/test_cli.py and tests/test_front_door.py refuse arguments in real processes
+too)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,9 @@ SECRET = "errors-test-swarm-secret-0123456789"
 WORKLOAD = ["--dataset", "synthetic:num_samples=200,seed=0", "--steps", "3"]
 
 
-def gossipnet(
-    *args: str, secret: bool = True, timeout: float = 90
-) -> subprocess.CompletedProcess[str]:
+def gossipnet(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "GOSSIPNET_SECRET"}
-    if secret:
-        env["GOSSIPNET_SECRET"] = SECRET
+    env["GOSSIPNET_SECRET"] = SECRET
     return subprocess.run(
         [sys.executable, "-m", "gossipnet", *args],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout,
@@ -210,12 +208,6 @@ def test_an_unexpected_error_is_one_line_unless_debug(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     debug = gossipnet(*args, "--log-level", "DEBUG")
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
-
-
-def test_the_open_swarm_warning_is_printed_once() -> None:
-    result = gossipnet("peer", "--id", "a", *WORKLOAD, secret=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.count("NO SWARM SECRET") == 1, result.stderr
 
 
 def test_the_peer_file_is_named_by_its_flag(tmp_path: Path, refused: Refused) -> None:

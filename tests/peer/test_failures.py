@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from peer.app.swarm import free_ports
+
 from .processes import start_peer, status, wait_until
 
 SECRET = "failure-test-swarm-secret-0123456789"
@@ -31,15 +33,17 @@ def test_sigkill_does_not_stop_the_others_and_resume_rejoins(tmp_path: Path) -> 
     checkpoints = str(tmp_path / "c.checkpoints")
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        processes.append(start(tmp_path, "a", 0))
-        wait_until("a listens", lambda: (tmp_path / "a.address").exists())
-        a = (tmp_path / "a.address").read_text()
+        # all three at once, as launch starts a swarm: a's port is chosen here and b and c
+        # retry their join until a listens (not: a alone, training, while they start up)
+        a = f"127.0.0.1:{free_ports(1)[0]}"
+        processes.append(start(tmp_path, "a", 0, "--port", a.rpartition(":")[2]))
         processes.append(start(tmp_path, "b", 1, "--join", a))
         c_process = start(tmp_path, "c", 2, "--join", a, "--checkpoint-dir", checkpoints,
                           "--checkpoint-every", "10")  # fmt: skip
         processes.append(c_process)
-        wait_until("b and c listen", lambda: (tmp_path / "b.address").exists()
-                   and (tmp_path / "c.address").exists())  # fmt: skip
+        wait_until("a, b and c listen", lambda: all(
+            (tmp_path / f"{x}.address").exists() for x in "abc"))  # fmt: skip
+        assert (tmp_path / "a.address").read_text() == a
         b, c = (tmp_path / "b.address").read_text(), (tmp_path / "c.address").read_text()
         wait_until("c has checkpointed step 20", lambda: status(c)["step"] >= 25)
         wait_until("a knows c", lambda: member(a, "c").get("status") == "alive")

@@ -48,8 +48,10 @@ def final_status(path: Path) -> dict[str, Any]:
 def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
     tmp_path: Path, cache: str
 ) -> None:
+    """Two listening peers and a client-only one (three listening before: one more start-up
+    and 300 rounds of exchanges; the accuracies stay as close to the centralized run)."""
     result = subprocess.run(
-        gossipnet("launch", "--peers", "4", "--client-only", "1", "--steps", "300",
+        gossipnet("launch", "--peers", "3", "--client-only", "1", "--steps", "300",
                   "--dataset", "mnist1d:num_samples=4000", "--dir", str(tmp_path), "--json"),
         capture_output=True, text=True, env=environment(cache), cwd=ROOT, timeout=110,
     )  # fmt: skip
@@ -58,21 +60,21 @@ def test_launch_reaches_the_centralized_accuracy_with_a_client_only_peer(
     reference = results["centralized"]["test_accuracy"]
     accuracies = [peer["test_accuracy"] for peer in results["peers"]]
     assert reference > 0.45  # far above chance (0.1)
-    assert [peer["step"] for peer in results["peers"]] == [300] * 4
+    assert [peer["step"] for peer in results["peers"]] == [300] * 3
     assert min(accuracies) > reference - 0.08, (accuracies, reference)
-    assert sum(accuracies) / 4 > reference - 0.05, (accuracies, reference)
-    assert results["centralized"]["samples"] == 300 * 4 * 32
+    assert sum(accuracies) / 3 > reference - 0.05, (accuracies, reference)
+    assert results["centralized"]["samples"] == 300 * 3 * 32
     # The client-only peer listened nowhere yet exchanged with the swarm both ways,
     # and the listening peers knew it (while it trained: when it stops it says goodbye, and
     # a peer's last lines no longer count it as a neighbour).
-    client = final_status(tmp_path / "peer-3.out")
-    assert not (tmp_path / "peer-3.address").exists()
+    client = final_status(tmp_path / "peer-2.out")
+    assert not (tmp_path / "peer-2.address").exists()
     assert client["bytes_in"] > 0 and client["bytes_out"] > 0 and client["neighbours"]
     seen_by = [
         i
-        for i in range(3)
+        for i in range(2)
         for line in (tmp_path / f"peer-{i}.out").read_text().splitlines()
-        if line.startswith("{") and "peer-3" in json.loads(line)["neighbours"]
+        if line.startswith("{") and "peer-2" in json.loads(line)["neighbours"]
     ]
     assert seen_by
     assert "centralized" in result.stdout and "vs centralized" in result.stdout
@@ -101,8 +103,10 @@ def step_of(address: str) -> int:
 
 
 def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: str) -> None:
+    """Two peers (three before: each is a Python and torch start-up, and each trains flat out
+    until the signal; two already stop as a group and report apart)."""
     launcher = subprocess.Popen(
-        gossipnet("launch", "--peers", "3", "--steps", "1000000", "--dataset",
+        gossipnet("launch", "--peers", "2", "--steps", "1000000", "--dataset",
                   "synthetic:num_samples=600", "--dir", str(tmp_path), "--progress", "lines",
                   "--json"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(cache), cwd=ROOT,
@@ -110,14 +114,14 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            files = [tmp_path / f"peer-{i}.pid" for i in range(3)]
-            addresses = [tmp_path / f"peer-{i}.address" for i in range(3)]
+            files = [tmp_path / f"peer-{i}.pid" for i in range(2)]
+            addresses = [tmp_path / f"peer-{i}.address" for i in range(2)]
             if all(f.exists() for f in [*files, *addresses]):
                 break
             assert launcher.poll() is None, launcher.communicate()
             time.sleep(0.1)
-        pids = [int((tmp_path / f"peer-{i}.pid").read_text()) for i in range(3)]
-        for i in range(3):  # every peer is training
+        pids = [int((tmp_path / f"peer-{i}.pid").read_text()) for i in range(2)]
+        for i in range(2):  # every peer is training
             address = (tmp_path / f"peer-{i}.address").read_text()
             while step_of(address) < 1 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -129,7 +133,7 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    for i in range(3):  # each stopped cleanly: a final line and an evaluation
+    for i in range(2):  # each stopped cleanly: a final line and an evaluation
         assert final_status(tmp_path / f"peer-{i}.out")["stopped"] is True
         assert json.loads((tmp_path / f"peer-{i}.eval.json").read_text())["step"] > 0
     # The final table tells the truth: the steps reached, not the 1,000,000 asked for.
@@ -138,7 +142,7 @@ def test_ctrl_c_stops_every_peer_and_leaves_no_orphans(tmp_path: Path, cache: st
     assert reached[0] > 0 and reached[-1] < 1_000_000 and results["all_reached_steps"] is False
     span = str(reached[0]) if reached[0] == reached[-1] else f"{reached[0]}-{reached[-1]}"
     assert f"test accuracy after {span} of 1000000 steps of batch 32 (stopped early)" in out
-    assert [peer["state"] for peer in results["peers"]] == ["stopped"] * 3
+    assert [peer["state"] for peer in results["peers"]] == ["stopped"] * 2
     assert not any("error" in peer for peer in results["peers"])  # a clean stop, not a failure
     assert "failed" not in err
 

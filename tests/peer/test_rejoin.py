@@ -62,11 +62,10 @@ def test_a_restarted_bootstrap_peer_rejoins_the_members_it_remembers(tmp_path: P
     own_command = ("--port", str(a_port), "--checkpoint-dir", str(folder),
                    "--checkpoint-every", "10")  # fmt: skip
     processes = [start(tmp_path, "a", 0, *own_command)]
-    try:
-        wait_until("a listens", lambda: (tmp_path / "a.address").exists())
+    try:  # b and c start with a, as launch starts a swarm: their joins retry until a listens
         processes += [start(tmp_path, "b", 1, "--join", a), start(tmp_path, "c", 2, "--join", a)]
-        wait_until("b and c listen", lambda: (tmp_path / "b.address").exists()
-                   and (tmp_path / "c.address").exists())  # fmt: skip
+        wait_until("a, b and c listen", lambda: all(
+            (tmp_path / f"{x}.address").exists() for x in "abc"))  # fmt: skip
         b, c = (tmp_path / "b.address").read_text(), (tmp_path / "c.address").read_text()
         wait_until("a checkpointed b and c as members", lambda: remembered(folder) == {"b", "c"})
         processes[0].send_signal(signal.SIGKILL)
@@ -95,8 +94,10 @@ def test_a_peer_started_before_the_one_it_joins_waits_for_it(tmp_path: Path) -> 
     a_port = free_ports(1)[0]
     a = f"127.0.0.1:{a_port}"
     processes = [start(tmp_path, "b", 1, "--join", a)]  # a is not up yet
-    try:
-        time.sleep(3)
+    try:  # a starts once b has found it missing and is retrying (not after a fixed sleep)
+        wait_until(
+            "b retries a", lambda: "no answer yet from " + a in (tmp_path / "b.err").read_text()
+        )
         processes.append(start(tmp_path, "a", 0, "--port", str(a_port)))
         wait_until("both listen", lambda: (tmp_path / "a.address").exists()
                    and (tmp_path / "b.address").exists())  # fmt: skip
@@ -104,7 +105,6 @@ def test_a_peer_started_before_the_one_it_joins_waits_for_it(tmp_path: Path) -> 
         wait_until("a and b are members of each other",
                    lambda: member(a, "b") == "alive" and member(b, "a") == "alive")  # fmt: skip
         wait_until("they exchange", lambda: status(b)["exchanges"]["ok"] >= 5)
-        assert "no answer yet from " + a in (tmp_path / "b.err").read_text()  # b did retry
     finally:
         stop_all(processes)
     assert [p.returncode for p in processes] == [0, 0]
@@ -112,6 +112,9 @@ def test_a_peer_started_before_the_one_it_joins_waits_for_it(tmp_path: Path) -> 
 
 @pytest.mark.timeout(120)
 def test_a_join_that_times_out_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """An unreachable bootstrap is retried, then the join gives up in one line, exit 2 (was
+    also tests/peer/test_cli.py's test_an_unreachable_bootstrap_is_retried_then_one_line_exit_2:
+    the same command, a second Python start-up and 2 s wait; its assertions are here)."""
     nobody = f"127.0.0.1:{free_ports(1)[0]}"
     env = {**os.environ, "GOSSIPNET_SECRET": SECRET}
     command = [sys.executable, "-m", "gossipnet", "peer", "--id", "b", "--join", nobody,
@@ -121,7 +124,10 @@ def test_a_join_that_times_out_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert errors == [errors[-1]] and errors[-1] == result.stderr.splitlines()[-1]
-    assert errors[0].startswith(f"gossipnet peer: error: --join {nobody}: no answer within 2 s")
+    assert errors[0].startswith(
+        f"gossipnet peer: error: --join {nobody}: no answer within 2 s; start that peer first"
+    )
+    assert f"no answer yet from {nobody}; retrying" in result.stderr  # it was retried
     assert "--join-timeout-s" in errors[0] and "Traceback" not in result.stderr
     assert time.monotonic() - started < 60
     assert "listening" not in result.stdout
