@@ -40,7 +40,6 @@ import importlib
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 __all__ = ["FREE_FLAGS", "LaunchPlan", "NotOnPeers", "launch_plan", "main"]
@@ -119,25 +118,6 @@ def _refuse(config: Any) -> None:
             raise NotOnPeers(f"{key}: {why}")
 
 
-def _dataset(workload: Any) -> str:
-    """The data set spec with the cache folder the simulator would use (a generated data set
-    is made once and every peer reads it: ``sim.build.load_workload_dataset``'s rule)."""
-    from workloads import DATASETS
-    from workloads.cache import default_cache_dir
-
-    name, _, rest = workload.dataset.partition(":")
-    entry = DATASETS.get(name.strip())
-    given = {item.partition("=")[0].strip() for item in rest.split(",") if item.strip()}
-    if entry is None or "cache_dir" not in entry.params or "cache_dir" in given:
-        return str(workload.dataset)
-    folder = (
-        Path(workload.cache_dir).expanduser()
-        if workload.cache_dir is not None
-        else default_cache_dir()
-    )
-    return f"{workload.dataset}{',' if rest else ':'}cache_dir={folder}"
-
-
 def _partition(config: Any) -> str:
     """``workload.partition``; a ``label_sets`` table as the spec with one set per peer
     (``label-sets:sets=0+1|0+1|2+3|...``: the same ``workloads.partition.label_sets`` call)."""
@@ -162,7 +142,7 @@ def launch_plan(config: Any) -> LaunchPlan:
     :class:`NotOnPeers` for a key only the simulator runs."""
     from gossip.settings import SETTINGS
     from peer.transport.shaping import LINK_FIELDS, LinkSettings
-    from sim.build import byzantine_mask
+    from sim.build import byzantine_mask, dataset_spec
     from sim.config import NetworkConfig
     from workloads.optimizers import OPTIMIZER_KEYS
     from workloads.privacy import PRIVACY_FIELDS
@@ -173,7 +153,7 @@ def launch_plan(config: Any) -> LaunchPlan:
     plan.add("--peers", w.peers, "workload.peers")
     plan.add("--seed", config.seed, "seed")
     plan.add("--device", config.device, "device")
-    plan.add("--dataset", _dataset(w), "workload.dataset")
+    plan.add("--dataset", dataset_spec(w), "workload.dataset")
     plan.add("--partition", _partition(config), "workload.partition")
     plan.add("--model", w.model, "workload.model")
     plan.add("--batch-size", w.batch_size, "workload.batch_size")

@@ -63,22 +63,31 @@ def _fail(field_name: str, message: str) -> ConfigError:
     return ConfigError(f"{field_name}: {message}")
 
 
-def load_workload_dataset(workload: WorkloadConfig) -> Any:
-    """``workloads.load_dataset`` with a cache folder for data sets that take one (MNIST-1D is
-    generated once per argument set); a ``cache_dir`` written in the spec wins."""
-    from workloads import DATASETS, load_dataset
+def dataset_spec(workload: WorkloadConfig) -> str:
+    """The workload's data set spec with a cache folder for data sets that take one (MNIST-1D
+    is generated once per argument set, and every runner reads that one): ``cache_dir`` from
+    the workload, else :func:`workloads.cache.default_cache_dir`; one written in the spec
+    wins. ``gossipnet launch EXPERIMENT.toml`` hands the same spec to its peers."""
+    from workloads import DATASETS
 
     name, _, rest = workload.dataset.partition(":")
     entry = DATASETS.get(name.strip())
-    given = {item.partition("=")[0].strip() for item in rest.split(",")}
+    given = {item.partition("=")[0].strip() for item in rest.split(",") if item.strip()}
     if entry is None or "cache_dir" not in entry.params or "cache_dir" in given:
-        return load_dataset(workload.dataset)
+        return str(workload.dataset)
     folder = (
         Path(workload.cache_dir).expanduser()
         if workload.cache_dir is not None
         else default_cache_dir()
     )
-    return load_dataset(workload.dataset, cache_dir=str(folder))
+    return f"{workload.dataset}{',' if rest else ':'}cache_dir={folder}"
+
+
+def load_workload_dataset(workload: WorkloadConfig) -> Any:
+    """``workloads.load_dataset`` of :func:`dataset_spec`."""
+    from workloads import load_dataset
+
+    return load_dataset(dataset_spec(workload))
 
 
 def byzantine_mask(config: ExperimentConfig) -> np.ndarray:
