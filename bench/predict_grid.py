@@ -215,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-calibrate", action="store_true", help="predict with the base file's constants"
     )
     parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="calibrate stack_latency between two peers in one process (default: between "
+        "two peer processes, gossipnet sim calibrate --processes)",
+    )
+    parser.add_argument(
         "--host-cores",
         default="auto",
         help="[network] host_cores of every cell: auto (this machine's usable cores: the "
@@ -241,7 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         from gossipnet.calibrate import DEFAULT_SIZES, calibrate
         from peer.app.calibration import model_sizes
 
-        measured = calibrate(str(args.base), steps=20, repeats=5, sizes=model_sizes(DEFAULT_SIZES))
+        measured = calibrate(
+            str(args.base),
+            steps=20,
+            repeats=5,
+            sizes=model_sizes(DEFAULT_SIZES),
+            processes=not args.one_process,
+        )
         calibration = dict(measured["network"])
         print("calibrated: " + ", ".join(f"{k} = {v:.4g}" for k, v in calibration.items()))
     cores = usable_cores() if args.host_cores == "auto" else args.host_cores

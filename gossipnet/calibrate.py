@@ -69,6 +69,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--repeats", type=int, default=5, help="timed exchanges per size (default 5, after 1)"
     )
     parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="measure stack_latency between two peer processes (two short 2-peer launches, "
+        "their processor time per message) instead of between two peers in this process "
+        "(default: in this process; docs/prediction.md says why the two differ)",
+    )
+    parser.add_argument(
         "--sizes",
         default=DEFAULT_SIZES,
         help=f"model sizes exchanged, bytes or kB/MB/GB, at least two (default {DEFAULT_SIZES})",
@@ -109,10 +116,75 @@ def _local_steps(config: Any, steps: int, measure: Any) -> list[float]:
     return times
 
 
+PROCESS_STEPS = (100, 600)
+"""The two lengths of the two-process measurement (:func:`stack_between_processes`)."""
+
+
+def stack_between_processes(
+    config: Any, step_time: float, stack_bandwidth: float | None
+) -> dict[str, float]:
+    """The stack's processor time per message between two real peer processes: two launches
+    of a 2-peer D-PSGD ring (``gossipnet launch``, the experiment's data set, model and
+    batch, no evaluation, no centralized run) of :data:`PROCESS_STEPS` steps; their
+    processor time (``getrusage`` of the children: both peers and the launcher) over the
+    extra steps, per peer and round, less the local step and the message's ``M /
+    stack_bandwidth``. In a 2-peer ring each peer sends one message a round and receives
+    one, so that is one message's processor time at both ends: ``stack_latency`` as the time
+    model charges it per send. The launcher's polling is in it (a few percent)."""
+    import resource
+    import subprocess
+    import sys
+    import tempfile
+
+    from sim.build import dataset_spec
+    from workloads import build_model, load_dataset
+
+    w = config.workload
+    spec = dataset_spec(w)
+    data = load_dataset(spec)
+    model = build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
+    message = 4 * sum(p.numel() for p in model.parameters())
+    used = []
+    for steps in PROCESS_STEPS:
+        with tempfile.TemporaryDirectory(prefix="gossipnet-calibrate-") as folder:
+            flags = ["--peers", "2", "--steps", str(steps), "--algorithm", "dpsgd"]
+            flags += ["--topology", "ring", "--dataset", spec, "--model", w.model]
+            flags += ["--batch-size", str(w.batch_size), "--seed", str(config.seed)]
+            flags += ["--no-centralized", "--dir", folder]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            done = subprocess.run(
+                [sys.executable, "-m", "gossipnet", "launch", *flags],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise ValueError(
+                f"the two-process calibration launch failed (exit {done.returncode}): "
+                + (done.stderr.strip().splitlines() or ["no output"])[-1]
+            )
+        used.append((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
+    per_round = (used[1] - used[0]) / (PROCESS_STEPS[1] - PROCESS_STEPS[0]) / 2
+    wire = 0.0 if stack_bandwidth is None else message / stack_bandwidth
+    return {
+        "per_peer_round": per_round,
+        "message_bytes": float(message),
+        "stack_latency": max(0.0, per_round - step_time - wire),
+    }
+
+
 def calibrate(
-    experiment: str | None, *, steps: int, repeats: int, sizes: Sequence[int]
+    experiment: str | None,
+    *,
+    steps: int,
+    repeats: int,
+    sizes: Sequence[int],
+    processes: bool = False,
 ) -> dict[str, Any]:
-    """The measurements: ``{"network": {...}, "steps": [...], "exchanges": [...], ...}``."""
+    """The measurements: ``{"network": {...}, "steps": [...], "exchanges": [...], ...}``;
+    ``processes``: ``stack_latency`` measured between two peer processes
+    (:func:`stack_between_processes`) instead of from the one-process exchanges' fit."""
     from sim.config import ExperimentConfig, load_experiment
 
     config = ExperimentConfig() if experiment is None else load_experiment(experiment)
@@ -126,8 +198,14 @@ def calibrate(
     }
     if fit.stack_bandwidth is not None:
         network["stack_bandwidth"] = fit.stack_bandwidth
+    between = None
+    if processes:
+        between = stack_between_processes(config, network["step_time"], fit.stack_bandwidth)
+        network["stack_latency"] = between["stack_latency"]
     return {
         "network": network,
+        "processes": between,
+        "one_process_latency": fit.stack_latency,
         "steps": step_times,
         "exchanges": exchanges,
         "residual": fit.residual,
@@ -153,6 +231,13 @@ def calibration_toml(result: dict[str, Any], experiment: str | None) -> str:
     lines.append(
         f"# fit t(M) = 2 (stack_latency + M/stack_bandwidth), rms {result['residual']:.3g} s"
     )
+    between = result.get("processes")
+    if between:
+        lines.append(
+            f"# stack_latency between two peer processes: {between['per_peer_round']:.6g} s of "
+            f"processor time per peer and round, less the step and {between['message_bytes']:.0f}"
+            f" bytes at stack_bandwidth (one process's fit: {result['one_process_latency']:.6g} s)"
+        )
     lines.append("[network]")
     lines += [f"{key} = {value!r}" for key, value in result["network"].items()]
     return "\n".join(lines) + "\n"
@@ -173,10 +258,15 @@ def _print_table(result: dict[str, Any]) -> None:
         f"median of {len(steps)} local steps of {result['model']}, batch "
         f"{result['batch_size']} (min {min(steps) * 1e3:.3g} ms, max {max(steps) * 1e3:.3g} ms)",
     )
+    between = result.get("processes")
     table.add_row(
         "stack_latency",
         f"{network['stack_latency'] * 1e3:.4g} ms",
-        "per message: half the fitted round trip of an empty exchange",
+        "per message: half the fitted round trip of an empty exchange"
+        if not between
+        else f"per message, between two peer processes: {between['per_peer_round'] * 1e3:.3g} ms"
+        " of processor time per peer and round, less the step and the bytes (one process's "
+        f"fit: {result['one_process_latency'] * 1e3:.3g} ms)",
     )
     bandwidth = network.get("stack_bandwidth")
     table.add_row(
@@ -209,7 +299,13 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim calibrate") -> int:
     from sim.config import ConfigError
 
     try:
-        result = calibrate(args.experiment, steps=args.steps, repeats=args.repeats, sizes=sizes)
+        result = calibrate(
+            args.experiment,
+            steps=args.steps,
+            repeats=args.repeats,
+            sizes=sizes,
+            processes=args.processes,
+        )
     except (ConfigError, ValueError) as error:
         parser.error(str(error))
     _print_table(result)

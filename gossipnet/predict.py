@@ -429,7 +429,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--calibrate",
         action="store_true",
         help="first measure step_time, stack_latency and stack_bandwidth on this machine "
-        "(gossipnet sim calibrate) and predict with them (default: the file's [network])",
+        "(gossipnet sim calibrate --processes: the stack between two peer processes, as the "
+        "swarm runs) and predict with them (default: the file's [network])",
     )
     return parser
 
@@ -486,7 +487,7 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim predict") -> int:
         from gossipnet.calibrate import DEFAULT_SIZES, calibrate
 
         sizes = importlib.import_module("peer.app.calibration").model_sizes(DEFAULT_SIZES)
-        measured = calibrate(args.experiment, steps=20, repeats=5, sizes=sizes)
+        measured = calibrate(args.experiment, steps=20, repeats=5, sizes=sizes, processes=True)
         calibration = dict(measured["network"])
         print(
             "calibrated on this machine: "

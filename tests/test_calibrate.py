@@ -77,3 +77,23 @@ def test_a_bad_flag_is_one_line_and_exit_2(
         main(["sim", "calibrate", *flags])
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith(f"gossipnet sim calibrate: error: {line}")
+
+
+def test_calibrate_processes_measures_the_stack_between_two_peer_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--processes: two real 2-peer launches; the stack's processor time per message between
+    processes replaces the one-process fit (whose value stays in the comments)."""
+    experiment = tmp_path / "tiny.toml"
+    experiment.write_text(TINY)
+    out = tmp_path / "calibration.toml"
+    argv = ["sim", "calibrate", str(experiment), "--out", str(out), "--steps", "3"]
+    assert main([*argv, "--repeats", "2", "--sizes", "4kB,400kB", "--processes"]) == 0
+    assert "between two peer processes" in capsys.readouterr().out
+    text = out.read_text()
+    written = tomllib.loads(text)["network"]
+    assert written["stack_latency"] > 0
+    line = next(line for line in text.splitlines() if "between two peer processes" in line)
+    per_round = float(line.split(": ")[1].split(" s ")[0])  # processor time per peer and round
+    assert per_round > written["step_time"] + written["stack_latency"] * 0.99
+    assert "one process's fit" in line
