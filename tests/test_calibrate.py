@@ -79,6 +79,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(
     assert capsys.readouterr().err.startswith(f"gossipnet sim calibrate: error: {line}")
 
 
+@pytest.mark.slow
 def test_calibrate_processes_measures_the_stack_between_two_peer_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

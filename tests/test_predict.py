@@ -78,6 +78,7 @@ def test_the_measured_clock_starts_when_the_last_synchronous_peer_starts(tmp_pat
     assert own.time[1] == pytest.approx(2 / (1 / 0.9 + 1 / 0.5))  # the swarm's step rate
 
 
+@pytest.mark.slow
 def test_predict_runs_the_file_both_ways_and_reports_each_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

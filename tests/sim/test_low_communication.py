@@ -61,6 +61,7 @@ def test_low_communication_family_sends_h_times_fewer_bytes_and_sparseloco_far_f
     assert total["NoLoCo"] == pytest.approx(total["gossip-DiLoCo"], rel=0.01)
 
 
+@pytest.mark.slow
 def test_outer_nesterov_plain_averaging_and_data_parallel_at_equal_tokens():
     # 1/40 of the rounds: 100 inner steps per peer (H = 200: one outer step of 200)
     runs = _quick("lm-outer-momentum", shrink=40, peers=4)
