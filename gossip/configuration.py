@@ -218,14 +218,23 @@ class GossipConfig:
         return {key: getattr(self, key) for key in ALGORITHM_FIELDS[self.algorithm]}
 
     def check_neighbourhood(self, smallest: int, *, where: str = "the topology") -> None:
-        """Refuse a robust rule that cannot run on the smallest neighbourhood ``where`` gives.
+        """Refuse a robust rule that cannot run on the smallest neighbourhood ``where`` gives,
+        and secure sums where a receiver would have fewer than 2 in-neighbours
+        (:func:`gossip.secure_sum.check_neighbourhoods`).
 
         Args:
             smallest: own model plus the fewest in-neighbours any node mixes in a round
                 (``topologies.smallest_neighbourhood``); AD-PSGD always has 2.
             where: what gives that neighbourhood, for the message.
-        Raises :class:`ConfigurationError` naming ``aggregator``.
+        Raises :class:`ConfigurationError` naming ``secure_sum`` or ``aggregator``.
         """
+        if self.secure_sum:
+            from gossip.secure_sum import check_neighbourhoods
+
+            try:
+                check_neighbourhoods(smallest - 1, where=where)
+            except ValueError as error:
+                raise ConfigurationError("secure_sum", str(error)) from None
         if self.aggregator is None:
             return
         size = 2 if self.pairwise else smallest

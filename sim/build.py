@@ -230,20 +230,13 @@ def build_algorithm(config: ExperimentConfig) -> Algorithm:
             raise _fail("byzantine.attack", str(error)) from None
     secure = None
     if a.gossip.secure_sum:  # gossip.secure_sum; docs/privacy.md
-        from gossip.secure_sum import SeededKeys, check_neighbourhoods
+        from gossip.secure_sum import SeededKeys
 
         if attack is not None:
             raise _fail(
                 "algorithm.secure_sum",
                 "cannot run with Byzantine peers: an attack needs the models",
             )
-        try:
-            check_neighbourhoods(
-                topologies.smallest_neighbourhood(schedule) - 1,
-                where=f"topology {config.topology!r} on {schedule.n} peers",
-            )
-        except ValueError as error:
-            raise _fail("algorithm.secure_sum", str(error)) from None
         secure = SeededKeys(config.seed, schedule.n)
     return SynchronousGossip(
         build_gossip(a.gossip), schedule, attack=attack, name=name, secure=secure

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import consensus
 import topologies
 from gossip.configuration import ConfigurationError, GossipConfig
-from gossip.secure_sum import check_neighbourhoods
 from gossip.settings import SETTING_NAMES, setting_fields
 from peer.node.membership import check_address
 from peer.protocol.wire import SENDER_ID_PATTERN
@@ -465,11 +464,3 @@ class PeerConfig:
             )
         except ConfigurationError as error:
             raise _error(error.field, error.reason, *error.mentions) from None
-        if self.gossip.secure_sum:
-            try:
-                check_neighbourhoods(
-                    topologies.smallest_neighbourhood(schedule) - 1,
-                    where=f"topology {self.topology!r} on {len(self.peer_list)} peers",
-                )
-            except ValueError as error:
-                raise _error("secure_sum", str(error)) from None
