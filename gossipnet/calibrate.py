@@ -88,8 +88,9 @@ def _peer_part() -> Any:
     return importlib.import_module("peer.app.calibration")
 
 
-def _local_steps(config: Any, steps: int, measure: Any) -> list[float]:
-    """The experiment's model and one peer's batches, built as the peer builds them."""
+def _local_steps(config: Any, steps: int, measure: Any) -> tuple[list[float], int]:
+    """The experiment's model and one peer's batches, built as the peer builds them: the
+    timed steps, and the model's bytes (float32 parameters, as a message carries them)."""
     import torch
 
     from sim.build import load_workload_dataset
@@ -105,6 +106,7 @@ def _local_steps(config: Any, steps: int, measure: Any) -> list[float]:
 
     optimizer = o.torch_optimizer  # the experiment's optimizer, schedule and clipping
 
+    model_bytes = 4 * sum(p.numel() for p in model.parameters())
     times: list[float] = measure(
         model,
         optimizer,
@@ -113,7 +115,7 @@ def _local_steps(config: Any, steps: int, measure: Any) -> list[float]:
         steps=steps,
         device=str(resolve_device(config.device)),
     )
-    return times
+    return times, model_bytes
 
 
 PROCESS_STEPS = (100, 600)
@@ -121,7 +123,7 @@ PROCESS_STEPS = (100, 600)
 
 
 def stack_between_processes(
-    config: Any, step_time: float, stack_bandwidth: float | None
+    config: Any, step_time: float, stack_bandwidth: float | None, message: int
 ) -> dict[str, float]:
     """The stack's processor time per message between two real peer processes: two launches
     of a 2-peer D-PSGD ring (``gossipnet launch``, the experiment's data set, model and
@@ -137,13 +139,9 @@ def stack_between_processes(
     import tempfile
 
     from sim.build import dataset_spec
-    from workloads import build_model, load_dataset
 
     w = config.workload
     spec = dataset_spec(w)
-    data = load_dataset(spec)
-    model = build_model(w.model, data.input_shape, data.num_classes, seed=config.seed)
-    message = 4 * sum(p.numel() for p in model.parameters())
     used = []
     for steps in PROCESS_STEPS:
         with tempfile.TemporaryDirectory(prefix="gossipnet-calibrate-") as folder:
@@ -189,7 +187,7 @@ def calibrate(
 
     config = ExperimentConfig() if experiment is None else load_experiment(experiment)
     peer = _peer_part()
-    step_times = _local_steps(config, steps, peer.time_local_steps)
+    step_times, model_bytes = _local_steps(config, steps, peer.time_local_steps)
     exchanges = peer.time_exchanges(sizes, repeats=repeats)
     fit = peer.fit_stack(exchanges)
     network: dict[str, float] = {
@@ -200,7 +198,9 @@ def calibrate(
         network["stack_bandwidth"] = fit.stack_bandwidth
     between = None
     if processes:
-        between = stack_between_processes(config, network["step_time"], fit.stack_bandwidth)
+        between = stack_between_processes(
+            config, network["step_time"], fit.stack_bandwidth, model_bytes
+        )
         network["stack_latency"] = between["stack_latency"]
     return {
         "network": network,
