@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "--one-process",
         action="store_true",
         help="calibrate stack_latency between two peers in one process (default: between "
-        "two peer processes, gossipnet sim calibrate --processes)",
+        "two peer processes, gossipnet sim calibrate, --stack processes)",
     )
     parser.add_argument(
         "--host-cores",

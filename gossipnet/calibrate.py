@@ -69,11 +69,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--repeats", type=int, default=5, help="timed exchanges per size (default 5, after 1)"
     )
     parser.add_argument(
-        "--processes",
-        action="store_true",
-        help="measure stack_latency between two peer processes (two short 2-peer launches, "
-        "their processor time per message) instead of between two peers in this process "
-        "(default: in this process; docs/prediction.md says why the two differ)",
+        "--stack",
+        choices=STACK_MEASURES,
+        default="processes",
+        help="where stack_latency is measured: processes = between two peer processes, as a "
+        "swarm runs them (two short 2-peer launches, their processor time per message); "
+        "one-process = between two peers on this process's event loop (quicker, about half "
+        "a real swarm's cost: docs/prediction.md says why) (default processes)",
     )
     parser.add_argument(
         "--sizes",
@@ -81,6 +83,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help=f"model sizes exchanged, bytes or kB/MB/GB, at least two (default {DEFAULT_SIZES})",
     )
     return parser
+
+
+STACK_MEASURES = ("processes", "one-process")
+"""``--stack``: where ``stack_latency`` is measured (:func:`calibrate`)."""
 
 
 def _peer_part() -> Any:
@@ -304,7 +310,7 @@ def main(argv: Sequence[str], prog: str = "gossipnet sim calibrate") -> int:
             steps=args.steps,
             repeats=args.repeats,
             sizes=sizes,
-            processes=args.processes,
+            processes=args.stack == "processes",
         )
     except (ConfigError, ValueError) as error:
         parser.error(str(error))

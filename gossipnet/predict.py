@@ -429,7 +429,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--calibrate",
         action="store_true",
         help="first measure step_time, stack_latency and stack_bandwidth on this machine "
-        "(gossipnet sim calibrate --processes: the stack between two peer processes, as the "
+        "(gossipnet sim calibrate --stack processes: the stack between two peer processes, as the "
         "swarm runs) and predict with them (default: the file's [network])",
     )
     return parser

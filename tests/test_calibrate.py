@@ -32,7 +32,7 @@ def test_calibrate_writes_a_network_table_the_experiment_takes(
     experiment.write_text(TINY)
     out = tmp_path / "calibration.toml"
     argv = ["sim", "calibrate", str(experiment), "--out", str(out), "--steps", "3"]
-    assert main([*argv, "--repeats", "2", "--sizes", "4kB,400kB"]) == 0
+    assert main([*argv, "--repeats", "2", "--sizes", "4kB,400kB", "--stack", "one-process"]) == 0
     printed = capsys.readouterr().out
     assert "step_time" in printed and "stack_bandwidth" in printed and f"wrote {out}" in printed
     written = tomllib.loads(out.read_text())["network"]
@@ -68,6 +68,7 @@ def test_the_fit_recovers_the_stacks_latency_and_throughput() -> None:
         (["--sizes", "4kB"], "--sizes: needs at least two different sizes to fit"),
         (["--sizes", "4kB,lots"], "--sizes: got 'lots'; allowed: comma-separated sizes"),
         (["--steps", "0"], "--steps: must be >= 1, got 0"),
+        (["--stack", "loop"], "--stack: invalid choice 'loop'; allowed: processes, one-process"),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(
@@ -83,13 +84,14 @@ def test_a_bad_flag_is_one_line_and_exit_2(
 def test_calibrate_processes_measures_the_stack_between_two_peer_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--processes: two real 2-peer launches; the stack's processor time per message between
-    processes replaces the one-process fit (whose value stays in the comments)."""
+    """The default (--stack processes): two real 2-peer launches; the stack's processor time
+    per message between processes replaces the one-process fit (whose value stays in the
+    comments)."""
     experiment = tmp_path / "tiny.toml"
     experiment.write_text(TINY)
     out = tmp_path / "calibration.toml"
     argv = ["sim", "calibrate", str(experiment), "--out", str(out), "--steps", "3"]
-    assert main([*argv, "--repeats", "2", "--sizes", "4kB,400kB", "--processes"]) == 0
+    assert main([*argv, "--repeats", "2", "--sizes", "4kB,400kB"]) == 0
     assert "between two peer processes" in capsys.readouterr().out
     text = out.read_text()
     written = tomllib.loads(text)["network"]
