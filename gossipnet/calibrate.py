@@ -184,11 +184,12 @@ def calibrate(
     steps: int,
     repeats: int,
     sizes: Sequence[int],
-    processes: bool = False,
+    processes: bool = True,
 ) -> dict[str, Any]:
     """The measurements: ``{"network": {...}, "steps": [...], "exchanges": [...], ...}``;
-    ``processes``: ``stack_latency`` measured between two peer processes
-    (:func:`stack_between_processes`) instead of from the one-process exchanges' fit."""
+    ``processes`` (``--stack processes``, the default): ``stack_latency`` measured between two
+    peer processes (:func:`stack_between_processes`) instead of from the one-process exchanges'
+    fit."""
     from sim.config import ExperimentConfig, load_experiment
 
     config = ExperimentConfig() if experiment is None else load_experiment(experiment)
