@@ -25,7 +25,7 @@ A complete file (every key optional except where noted)::
 
     [workload]
     dataset = "mnist1d"            # workloads spec, e.g. "synthetic:num_samples=2000"
-    partition = "iid"              # "dirichlet:alpha=0.1", "shards:shards_per_peer=2",
+    partition = "iid"              # "contiguous", "dirichlet:alpha=0.1", "shards:shards_per_peer=2",
                                    # "label-sets" (with label_sets), "label-sets:sets=0-4|5-9"
     label_sets = {clique1 = "0-4", clique2 = "5-9"}   # group or peer id -> its classes
     model = "mlp"                  # "mlp:hidden=64", "cnn1d", "logistic", "mlp-100k",

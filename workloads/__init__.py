@@ -55,6 +55,7 @@ from workloads.models import (
 from workloads.partition import (
     PARTITIONS,
     check_partition_spec,
+    contiguous,
     dirichlet,
     iid,
     label_histogram,
@@ -101,6 +102,7 @@ __all__ = [
     "check_model_fits",
     "check_model_spec",
     "check_partition_spec",
+    "contiguous",
     "cross_entropy",
     "default_cache_dir",
     "dirichlet",

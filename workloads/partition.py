@@ -30,8 +30,10 @@ import torch
 from workloads._registry import REQUIRED, Entry, Param, lookup, parse_spec
 
 __all__ = [
+    "LABEL_FREE",
     "PARTITIONS",
     "check_partition_spec",
+    "contiguous",
     "dirichlet",
     "iid",
     "label_histogram",
@@ -76,6 +78,18 @@ def iid(labels: torch.Tensor, num_peers: int, seed: int = 0) -> list[torch.Tenso
     rng = np.random.default_rng(seed)
     owner = np.empty(len(array), dtype=np.int64)
     owner[rng.permutation(len(array))] = np.arange(len(array)) * num_peers // len(array)
+    return _group(owner, num_peers)
+
+
+def contiguous(labels: torch.Tensor, num_peers: int, seed: int = 0) -> list[torch.Tensor]:
+    """Equal-size (±1) runs of consecutive samples, in the data set's own order: peer p holds
+    samples ``[p N / n, (p + 1) N / n)``. On the text data set, whose samples follow its files,
+    each peer holds its own files (documents), the non-iid split of a language model, where a
+    split by class has no classes to go by; on a data set stored shuffled it is close to iid.
+    Needs no labels; ``seed`` is not used (the split is the order's)."""
+    array = _labels_array(labels, "contiguous")
+    _check_peers("contiguous", len(array), num_peers)
+    owner = np.arange(len(array), dtype=np.int64) * num_peers // len(array)
     return _group(owner, num_peers)
 
 
@@ -289,6 +303,12 @@ def _label_sets_spec(
 
 PARTITIONS: dict[str, Entry[list[torch.Tensor]]] = {
     "iid": Entry("iid", iid, {}, "uniformly random equal shares"),
+    "contiguous": Entry(
+        "contiguous",
+        contiguous,
+        {},
+        "equal runs of consecutive samples in the data set's order (text: each peer its own files)",
+    ),
     "dirichlet": Entry(
         "dirichlet",
         dirichlet,
@@ -317,28 +337,33 @@ PARTITIONS: dict[str, Entry[list[torch.Tensor]]] = {
 }
 
 
+LABEL_FREE = ("iid", "contiguous")
+"""The partitions that need no class labels (a language model's and a regression's)."""
+
+
 def partition(
     spec: str, labels: torch.Tensor, num_peers: int, seed: int = 0, **params: Any
 ) -> list[torch.Tensor]:
     """Partition by spec string: ``"iid"``, ``"dirichlet:alpha=0.1"``, ``"shards:shards_per_peer=2"``,
     ``"label-sets:sets=0-4|5-9"`` (the first half of the peers holds classes 0-4, the second
-    half 5-9; for other shapes call :func:`label_sets` with one set per peer). A language
-    model's targets (next tokens ``[N, L]``) and a regression's (float ``[N, K]``) take
-    ``"iid"`` only."""
+    half 5-9; for other shapes call :func:`label_sets` with one set per peer), ``"contiguous"``.
+    A language model's targets (next tokens ``[N, L]``) and a regression's (float ``[N, K]``)
+    take the splits that need no labels: ``"iid"`` and ``"contiguous"``."""
     name, given = parse_spec(spec, "partition")
     entry = lookup(PARTITIONS, name, "partition")
     resolved = entry.resolve({**given, **params})
     labels_given = labels.ndim == 1 and not labels.is_floating_point()
-    if not labels_given and name != "iid":
+    if not labels_given and name not in LABEL_FREE:
         what = (
             "a regression's values"
             if labels.is_floating_point()
             else f"a language model's next tokens {list(labels.shape)}"
         )
         raise ValueError(
-            f"{name}: splits by class label, but these targets are {what}; allowed: iid"
+            f"{name}: splits by class label, but these targets are {what}; allowed: "
+            + ", ".join(LABEL_FREE)
         )
-    if not labels_given:  # iid counts samples only
+    if not labels_given:  # iid and contiguous count samples only
         labels = torch.zeros(len(labels), dtype=torch.int64)
     return entry.factory(labels, num_peers, seed=seed, **resolved)
 

@@ -242,7 +242,8 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     work.add_argument(
         "--partition",
         default="iid",
-        help="how the data is split among the peers: iid, dirichlet:alpha=0.5, shards:... "
+        help="how the data is split among the peers: iid, contiguous (runs in the data's "
+        "order: text, each peer its own files), dirichlet:alpha=0.5, shards:... "
         "(default %(default)s)",
     )
     work.add_argument(

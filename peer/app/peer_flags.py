@@ -497,8 +497,8 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     work.add_argument(
         "--partition",
         default="iid",
-        help="how the data is split among --peers: iid, dirichlet:alpha=0.5, shards:... "
-        "(default iid)",
+        help="how the data is split among --peers: iid, contiguous (runs in the data's order: "
+        "text, each peer its own files), dirichlet:alpha=0.5, shards:... (default iid)",
     )
     work.add_argument(
         "--peers",

@@ -88,12 +88,44 @@ def test_text_refuses_bad_input(tmp_path: Path) -> None:
         load_dataset(f"text:path={short},context=64")
 
 
-def test_language_model_partition_is_iid_only(tmp_path: Path) -> None:
+def test_language_model_partition_is_iid_or_contiguous(tmp_path: Path) -> None:
     data = load_dataset(f"text:path={_corpus(tmp_path / 'c')},context=16")
     parts = partition("iid", data.y_train, num_peers=3, seed=0)
     assert sorted(torch.cat(parts).tolist()) == list(range(data.num_train))
-    with pytest.raises(ValueError, match=r"dirichlet: splits by class label.*allowed: iid"):
+    with pytest.raises(
+        ValueError, match=r"dirichlet: splits by class label.*allowed: iid, contiguous"
+    ):
         partition("dirichlet", data.y_train, num_peers=3)
+
+
+def test_contiguous_gives_each_peer_its_own_files(tmp_path: Path) -> None:
+    """The non-iid split of a language model: iid spreads every training file over every
+    peer; contiguous gives each peer a run of the files, sharing at most the file a cut falls
+    in with the next peer."""
+    data = load_dataset(f"text:path={_corpus(tmp_path / 'c', files=24)},context=16")
+
+    def files_of(indices: torch.Tensor) -> set[str]:  # the file numbers its contexts show
+        found = set()
+        for index in indices.tolist():
+            text = bytes(data.x_train[index].tolist()).decode()
+            found |= {
+                text[i + 5 : i + 7] for i in range(len(text) - 6) if text[i:].startswith("file ")
+            }
+        return found
+
+    training_files = _files_of(data.x_train)
+    mixed = partition("iid", data.y_train, num_peers=4, seed=0)
+    own = partition("contiguous", data.y_train, num_peers=4)
+    assert torch.equal(torch.cat(own), torch.arange(data.num_train))  # in order, all of it
+    assert max(len(p) for p in own) - min(len(p) for p in own) <= 1
+    for part in mixed:
+        assert files_of(part) == training_files
+    files = [files_of(part) for part in own]
+    assert set().union(*files) == training_files
+    for p in range(4):
+        assert len(files[p]) <= len(training_files) // 4 + 2
+        for q in range(p + 2, 4):  # not neighbours in the order: nothing in common
+            assert not files[p] & files[q]
 
 
 def test_gpt_is_causal_tied_and_seeded() -> None:

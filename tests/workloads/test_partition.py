@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workloads import PARTITIONS, dirichlet, iid, label_histogram, partition, shards
+from workloads import PARTITIONS, contiguous, dirichlet, iid, label_histogram, partition, shards
 
 
 def check_is_partition(parts: list[torch.Tensor], num_samples: int, num_peers: int) -> None:
@@ -76,6 +76,24 @@ def test_shards_is_a_partition_of_near_equal_shards(
     assert max(sizes) - min(sizes) <= shards_per_peer
 
 
+@given(
+    st.integers(min_value=1, max_value=200),
+    st.integers(min_value=1, max_value=16),
+)
+def test_contiguous_is_equal_runs_in_order(num_samples: int, num_peers: int) -> None:
+    labels = torch.arange(num_samples) % 10
+    if num_samples < num_peers:
+        with pytest.raises(ValueError, match="need num_samples >= "):
+            contiguous(labels, num_peers)
+        return
+    parts = contiguous(labels, num_peers)
+    assert len(parts) == num_peers
+    assert torch.equal(torch.cat(parts), torch.arange(num_samples))  # peer 0 first, in order
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert all(torch.equal(p, q) for p, q in zip(parts, partition("contiguous", labels, num_peers)))
+
+
 def test_same_seed_same_partition_other_seed_other_partition() -> None:
     y = torch.arange(300) % 10
     for spec in ["iid", "dirichlet:alpha=0.3", "shards:shards_per_peer=2"]:
@@ -128,7 +146,7 @@ def test_partition_spec_errors() -> None:
     y = torch.arange(20) % 2
     with pytest.raises(
         ValueError,
-        match="unknown partition 'pathological'; allowed: dirichlet, iid, label-sets, shards",
+        match="unknown partition 'pathological'; allowed: contiguous, dirichlet, iid, label-sets, shards",
     ):
         partition("pathological", y, 2)
     with pytest.raises(ValueError, match="dirichlet: parameter 'alpha' must be a float"):
@@ -144,4 +162,4 @@ def test_partition_spec_errors() -> None:
     with pytest.raises(ValueError, match="shards_per_peer must be an int >= 1"):
         shards(y, 2, 0)
     assert partition("shards", y, 2, shards_per_peer=5)  # keyword overrides work
-    assert set(PARTITIONS) == {"iid", "dirichlet", "label-sets", "shards"}
+    assert set(PARTITIONS) == {"iid", "contiguous", "dirichlet", "label-sets", "shards"}
