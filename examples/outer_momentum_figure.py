@@ -38,7 +38,7 @@ def read_records(path: Path) -> dict[str, list[dict[str, object]]]:
     else:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     for row in rows:
-        runs.setdefault(str(row["run"]), []).append(row)
+        runs.setdefault(str(row.get("run", "")), []).append(row)  # sim run: one, unnamed
     return runs
 
 
