@@ -116,8 +116,12 @@ def _privacy(args: argparse.Namespace, sizes: list[int], key: int) -> PrivateTra
     noise = config.noise
     if noise is None:
         assert config.epsilon is not None  # PrivacyConfig: one of the two
+        # the run's steps: a resumed peer's account holds its steps before the checkpoint
+        # too, so σ covers those and --steps more (launch --resume and --crashes pass what
+        # is left), the σ its first life picked
+        steps = args.steps + (_resumed_step(args) if args.steps else 0)
         noise = noise_multiplier_for(
-            config.epsilon, config.delta, float(rates.max()), args.steps, config.accountant
+            config.epsilon, config.delta, float(rates.max()), steps, config.accountant
         )
     return PrivateTraining(
         config,
@@ -128,6 +132,20 @@ def _privacy(args: argparse.Namespace, sizes: list[int], key: int) -> PrivateTra
         peer=args.peer_index,
         max_steps=args.steps or None,
     )
+
+
+def _resumed_step(args: argparse.Namespace) -> int:
+    """The step ``--resume`` will start from: that of the newest checkpoint that verifies in
+    ``--checkpoint-dir`` (0 without ``--resume`` or a checkpoint), as the peer will load it."""
+    if not getattr(args, "resume", False) or not getattr(args, "checkpoint_dir", None):
+        return 0
+    from peer.node.checkpoint import CheckpointError, load_latest
+
+    try:
+        checkpoint = load_latest(args.checkpoint_dir)
+    except CheckpointError:
+        return 0
+    return 0 if checkpoint is None else checkpoint.step
 
 
 def _check_save_model(path: str | None, eval_out: str | None = None) -> None:

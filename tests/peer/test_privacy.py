@@ -193,3 +193,33 @@ def test_a_peers_noise_key_is_a_secret_unless_dp_seeded() -> None:
     secret, other, seeded = keys
     assert secret != other and 7 not in (secret, other)
     assert seeded == 7
+
+
+async def test_a_resumed_peer_keeps_the_sigma_its_run_picked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--dp-epsilon picks σ for the run's steps. A resumed peer's account holds its steps
+    before the checkpoint (launch --resume and --crashes pass what is left as --steps), so its
+    σ covers those and the steps left: its first life's σ, not that of a run of the steps left."""
+    from peer.app.cli import parse_peer_args
+    from peer.app.run import build_peer
+
+    flags = ["--id", "a", "--dataset", "synthetic:num_samples=200,seed=0", "--model",
+             "logistic", "--dp-epsilon", "2", "--dp-clip", "1", "--batch-size", "10",
+             "--checkpoint-dir", str(tmp_path), "--port", "0"]  # fmt: skip
+    monkeypatch.setenv("GOSSIPNET_SECRET", "a swarm secret of this test")
+
+    def sigma(*extra: str) -> tuple[Peer, float]:
+        args, config = parse_peer_args([*flags, *extra], raise_errors=True)
+        peer, _ = build_peer(args, config)
+        assert peer.privacy is not None
+        return peer, peer.privacy.noise_multiplier
+
+    first, whole_run = sigma("--steps", "40")
+    await first.start()
+    await first.run(steps=30)
+    await first.stop()  # checkpoints at step 30
+    _, resumed = sigma("--steps", "10", "--resume")
+    _, short_run = sigma("--steps", "10")
+    assert resumed == whole_run
+    assert short_run < whole_run  # 10 steps alone would take less noise for the same ε
