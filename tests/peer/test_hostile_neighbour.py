@@ -532,6 +532,7 @@ def membership_of(peer: Any) -> list[Any]:
     [("async", SECRET), ("sync", SECRET), ("async", None)],
     ids=["async-secret", "sync-secret", "async-open"],
 )
+@pytest.mark.filterwarnings("ignore::peer.protocol.auth.OpenSwarmWarning")  # the open case's
 async def test_a_peer_calling_a_hostile_neighbour_keeps_its_model_and_membership(
     mode: str, secret: bytes | None
 ) -> None:
