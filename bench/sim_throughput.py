@@ -35,8 +35,9 @@ warm-up round:
 - ``scale``: D-PSGD and AD-PSGD at ``--scale-peers`` peers (10,000 by default);
 - ``gpt``: the language model (``workloads`` ``gpt``, ``--gpt-model`` on byte contexts of
   ``--gpt-context``) at ``--gpt-peers`` peers (16), batch ``--gpt-batch`` contexts: peer-steps
-  per second of the simulator's engine (``BatchedPeers``' ``vmap(grad)`` and the fused
-  ``BlockedOptimizer``, SGD with momentum) against the per-peer loop of ``ReferencePeers``
+  per second of the simulator's engine (``BatchedPeers``' ``gpt`` kernel, the forward over
+  the peers with one backward, ``sim.gpt_kernel``, and the fused ``BlockedOptimizer``, SGD
+  with momentum; its ``vmap(grad)`` too) against the per-peer loop of ``ReferencePeers``
   (one module and one foreach SGD per peer), training only, best of ``--steps`` steps after a
   warm-up, medians of ``--repeats`` alternating repeats, at each of ``--threads``.
 
@@ -435,8 +436,8 @@ def gpt_rows(args: argparse.Namespace) -> None:
         for _ in range(args.steps + 1)
     ]
 
-    def engine() -> float:
-        peers = BatchedPeers(factory, n, seed=0, device=device)
+    def engine(kernel: str = "auto") -> float:
+        peers = BatchedPeers(factory, n, seed=0, device=device, kernel=kernel)
         trainer = BlockedOptimizer(peers, peers.params, sgd)
         times = []
         for x, y in data:
@@ -468,21 +469,34 @@ def gpt_rows(args: argparse.Namespace) -> None:
         f"{batch} contexts of {length} bytes; training peer-steps per second (gradient + SGD "
         f"momentum), best of {args.steps} steps, medians of {args.repeats} alternating repeats"
     )
-    line = "{:>7} {:>14} {:>14} {:>7} {:>14}"
-    print(line.format("threads", "engine", "per-peer loop", "ratio", "ratio range"))
+    line = "{:>7} {:>12} {:>12} {:>14} {:>7} {:>14} {:>11}"
+    print(
+        line.format(
+            "threads",
+            "gpt kernel",
+            "vmap(grad)",
+            "per-peer loop",
+            "ratio",
+            "ratio range",
+            "vmap ratio",
+        )
+    )
     for threads in args.threads:
         torch.set_num_threads(threads)
-        runs = [(engine(), loop()) for _ in range(args.repeats)]
+        runs = [(engine("gpt"), engine("vmap"), loop()) for _ in range(args.repeats)]
         fast = statistics.median(r[0] for r in runs)
-        slow = statistics.median(r[1] for r in runs)
-        ratios = sorted(r[1] / r[0] for r in runs)
+        vmapped = statistics.median(r[1] for r in runs)
+        slow = statistics.median(r[2] for r in runs)
+        ratios = sorted(r[2] / r[0] for r in runs)
         print(
             line.format(
                 threads,
                 f"{n / fast:,.0f}",
+                f"{n / vmapped:,.0f}",
                 f"{n / slow:,.0f}",
                 f"{statistics.median(ratios):.2f}x",
                 f"{ratios[0]:.2f}-{ratios[-1]:.2f}x",
+                f"{statistics.median(r[2] / r[1] for r in runs):.2f}x",
             ),
             flush=True,
         )

@@ -25,6 +25,7 @@ from pathlib import Path
 Curve = list[tuple[float, float]]  # (inner steps per peer, validation bits per byte)
 
 PEERS = 8
+TITLE = "DiLoCo's ordering (a): 8 peers, gpt 34,688 parameters, inner AdamW lr 3e-4, iid"
 H_VALUES = (10, 50, 200)
 
 
@@ -65,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-parallel", type=Path, help="a data-parallel run's records")
     parser.add_argument("--peers", type=int, default=PEERS, help=f"peers (default {PEERS})")
     parser.add_argument("--out", type=Path, default=Path("lm-outer-momentum-long.png"))
+    parser.add_argument("--title", default=TITLE, help=f"the figure's title (default {TITLE!r})")
     args = parser.parse_args(argv)
 
     import matplotlib
@@ -103,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     right.set_title("the lead at each H, along the runs")
     right.grid(alpha=0.3)
     right.legend(fontsize=9)
-    fig.suptitle("DiLoCo's ordering (a): 8 peers, gpt 34,688 parameters, inner AdamW lr 3e-4")
+    fig.suptitle(args.title)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -1,10 +1,11 @@
 """The batched model: n copies of one model as a single ``[n, d]`` tensor, and its gradients.
 
 All peers' parameters live in one stacked leaf ``params [n, d]``; gradients for every
-peer come from one call over per-peer batches ``x [n, B, ...]``, ``y [n, B]``, by one of two
+peer come from one call over per-peer batches ``x [n, B, ...]``, ``y [n, B]``, by one of three
 kernels (:class:`BatchedPeers` picks): the hand-derived batched kernels of
-:mod:`sim.linear_chain` for chains of ``Linear`` layers and activations,
-``torch.func.vmap(torch.func.grad(loss))`` for every other model. Both write each block of
+:mod:`sim.linear_chain` for chains of ``Linear`` layers and activations, the language
+model's forward over a peer dimension with one backward pass (:mod:`sim.gpt_kernel`), and
+``torch.func.vmap(torch.func.grad(loss))`` for every other model. All write each block of
 peers' gradients straight into the flat ``[n, d]`` buffer, a cache-sized block at a time.
 
 Dropout layers (``nn.Dropout``, ``nn.Dropout1d/2d/3d``) are seeded by :class:`BatchedPeers`'
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from gossip.flat import ParameterLayout
+from sim.gpt_kernel import BatchedGPT, NotAGPTError
 from sim.linear_chain import LinearChain, NotALinearChainError
 from workloads.batching import splitmix64
 from workloads.dropout import SeededDropout, has_dropout
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 #: values of :class:`BatchedPeers`' ``kernel`` argument
-KERNELS = ("auto", "vmap", "linear")
+KERNELS = ("auto", "vmap", "linear", "gpt")
 
 
 class ModelNotBatchableError(NotBatchableError):
@@ -112,10 +114,12 @@ class BatchedPeers:
         kernel: how gradients are computed. ``"auto"`` (default): by the hand-derived
             batched kernels of :class:`sim.linear_chain.LinearChain` when the model is a
             chain of ``Linear`` layers and activations (an MLP, logistic regression, such an
-            ``nn.Sequential``) under the default loss, else by ``vmap(grad)``; ``"vmap"``:
-            always ``vmap(grad)``; ``"linear"``: the chain kernels, and a ``ValueError``
-            saying why when the model does not qualify. Both give the same gradients up to
-            float rounding (tested); :attr:`kernel` says which one is in use.
+            ``nn.Sequential``) under the default loss, by the stacked forward of
+            :class:`sim.gpt_kernel.BatchedGPT` (one backward pass for all peers) when it is a
+            :class:`workloads.gpt.GPT` under the default loss, else by ``vmap(grad)``;
+            ``"vmap"``: always ``vmap(grad)``; ``"linear"`` and ``"gpt"``: that kernel, and a
+            ``ValueError`` saying why when the model does not qualify. All give the same
+            gradients up to float rounding (tested); :attr:`kernel` says which one is in use.
         device: where the stacked parameters, the model's buffers and everything the engine
             derives from them live (``"cpu"``, ``"cuda"``, ``"cuda:1"``; see
             :func:`workloads.resolve_device`). Initial weights are drawn on the CPU and
@@ -203,7 +207,7 @@ class BatchedPeers:
         peer's private gradient of the batch it drew last (:meth:`sim.privacy.SimPrivacy.gradients`)
         instead of the plain one, for all n peers at once."""
         self.chain: LinearChain | None = None
-        if kernel != "vmap":
+        if kernel in ("auto", "linear"):
             try:
                 if loss is not None:
                     raise NotALinearChainError(
@@ -213,12 +217,24 @@ class BatchedPeers:
             except NotALinearChainError as error:
                 if kernel == "linear":
                     raise ValueError(f"kernel: 'linear' cannot run this model: {error}") from error
+        self.gpt: BatchedGPT | None = None
+        if kernel in ("auto", "gpt"):
+            try:
+                if loss is not None:
+                    raise NotAGPTError("a custom loss is given (the kernel computes cross entropy)")
+                self.gpt = BatchedGPT.from_module(template, self.layout)
+            except NotAGPTError as error:
+                if kernel == "gpt":
+                    raise ValueError(f"kernel: 'gpt' cannot run this model: {error}") from error
 
     @property
     def kernel(self) -> str:
-        """``"linear"`` when gradients come from :class:`sim.linear_chain.LinearChain` (for
-        inputs it :meth:`~sim.linear_chain.LinearChain.accepts`), else ``"vmap"``."""
-        return "vmap" if self.chain is None else "linear"
+        """``"linear"`` when gradients come from :class:`sim.linear_chain.LinearChain`,
+        ``"gpt"`` from :class:`sim.gpt_kernel.BatchedGPT` (each for the inputs it
+        ``accepts``), else ``"vmap"``."""
+        if self.chain is not None:
+            return "linear"
+        return "vmap" if self.gpt is None else "gpt"
 
     @property
     def dim(self) -> int:
@@ -307,6 +323,13 @@ class BatchedPeers:
             for start in range(0, m, block):
                 rows = slice(start, start + block)
                 losses[rows] = self.chain.gradients(flat[rows], x[rows], y[rows], out=out[rows])
+            return losses, out
+        if self.gpt is not None and self.gpt.accepts(flat, x, y):
+            out = torch.empty_like(flat) if out is None else out
+            losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
+            for start in range(0, m, block):
+                rows = slice(start, start + block)
+                losses[rows] = self.gpt.gradients(flat[rows], x[rows], y[rows], out=out[rows])
             return losses, out
         keys = self._row_keys(m, flat.device)
         if m <= block:

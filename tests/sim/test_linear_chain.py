@@ -103,7 +103,7 @@ def test_workload_models_take_the_chain_and_others_stay_on_vmap() -> None:
     assert BatchedPeers(mlp, 2, loss=nn.functional.multi_margin_loss).kernel == "vmap"
     with pytest.raises(ValueError, match="custom loss"):
         BatchedPeers(mlp, 2, loss=nn.functional.multi_margin_loss, kernel="linear")
-    with pytest.raises(ValueError, match=r"kernel: got .*; allowed: auto, vmap, linear"):
+    with pytest.raises(ValueError, match=r"kernel: got .*; allowed: auto, vmap, linear, gpt"):
         BatchedPeers(mlp, 2, kernel="fast")
 
 
