@@ -317,19 +317,14 @@ class BatchedPeers:
             )
         if self.privacy is not None:
             return self._private_gradients(flat, x, y, out)
-        if self.chain is not None and self.chain.accepts(flat, x, y):
+        kernels = [k for k in (self.chain, self.gpt) if k is not None]
+        kernel = next((k for k in kernels if k.accepts(flat, x, y)), None)
+        if kernel is not None:  # a hand-written kernel writes each block into ``out``
             out = torch.empty_like(flat) if out is None else out
             losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
             for start in range(0, m, block):
                 rows = slice(start, start + block)
-                losses[rows] = self.chain.gradients(flat[rows], x[rows], y[rows], out=out[rows])
-            return losses, out
-        if self.gpt is not None and self.gpt.accepts(flat, x, y):
-            out = torch.empty_like(flat) if out is None else out
-            losses = torch.empty(m, dtype=flat.dtype, device=flat.device)
-            for start in range(0, m, block):
-                rows = slice(start, start + block)
-                losses[rows] = self.gpt.gradients(flat[rows], x[rows], y[rows], out=out[rows])
+                losses[rows] = kernel.gradients(flat[rows], x[rows], y[rows], out=out[rows])
             return losses, out
         keys = self._row_keys(m, flat.device)
         if m <= block:
