@@ -259,6 +259,11 @@ async def run_crashes(
                         if record["from_step"] is None
                         else f"from its step {record['from_step']}"
                     )
+                    if (record["from_step"] or 0) >= swarm.args.steps:  # crashed while finishing
+                        resumed += (
+                            f"; it had taken its {swarm.args.steps} steps, so it takes one more "
+                            "(a peer's --steps counts the steps to take), then finishes"
+                        )
                     say(f"{peer.peer_id} back at {now:.1f} s, {resumed} (--crashes)")
                     watchers.append(asyncio.create_task(_rejoined(session, peer, record, start)))
                     continue
