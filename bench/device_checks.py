@@ -90,7 +90,7 @@ def _simulator(args: argparse.Namespace) -> dict[str, Any]:
         },
     }
     result: dict[str, Any] = {}
-    for device in ("cpu", args.device):
+    for device in dict.fromkeys(("cpu", args.device)):  # once when --device is cpu
         config = experiment_from_dict({**point, "device": device})
         start = time.perf_counter()
         algorithm, ctx, evaluation = build(config)

@@ -28,7 +28,6 @@ subclass may change ``forward``); ``tests/sim/test_gpt_kernel.py`` checks this p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gossip.flat import ParameterLayout
-from workloads.gpt import GPT, Block
+from workloads.gpt import GPT, Block, causal_attention
 
 __all__ = ["BatchedGPT", "NotAGPTError"]
 
@@ -128,19 +127,11 @@ class BatchedGPT:
         m, batch, length = x.shape
         peers = torch.arange(m, device=x.device).view(m, 1, 1)
         h = views["embedding.weight"][peers, x] + views["position"][:, None, :length, :]
-        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
-        head = s.width // s.heads
         for i in range(s.layers):
             p = f"blocks.{i}."
             a = _norm(h, views[p + "norm1.weight"], views[p + "norm1.bias"])
             qkv = _linear(a, views[p + "attention.qkv.weight"], views[p + "attention.qkv.bias"])
-            q, k, v = (
-                part.reshape(m, batch, length, s.heads, head).transpose(-3, -2)
-                for part in qkv.split(s.width, dim=-1)
-            )  # [m, B, heads, L, head]
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head))
-            weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-            out = (weights @ v).transpose(-3, -2).reshape(m, batch, length, s.width)
+            out = causal_attention(qkv, s.heads)  # the model's own, over [m, B, L, 3w]
             h = h + _linear(
                 out, views[p + "attention.proj.weight"], views[p + "attention.proj.bias"]
             )

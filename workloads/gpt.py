@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from workloads._registry import Entry, Param
 from workloads.models import MODELS
 
-__all__ = ["GPT", "generate"]
+__all__ = ["GPT", "causal_attention", "generate"]
 
 
 class CausalSelfAttention(nn.Module):
@@ -53,17 +53,25 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(width, width)
 
     def forward(self, h: Tensor) -> Tensor:
-        *batch, length, width = h.shape
-        head = width // self.heads
-        q, k, v = (
-            part.reshape(*batch, length, self.heads, head).transpose(-3, -2)
-            for part in self.qkv(h).split(width, dim=-1)
-        )  # [..., heads, L, head]
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head))
-        future = torch.ones(length, length, dtype=torch.bool, device=h.device).triu(1)
-        weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-        out = (weights @ v).transpose(-3, -2).reshape(*batch, length, width)
-        return self.proj(out)
+        return self.proj(causal_attention(self.qkv(h), self.heads))
+
+
+def causal_attention(qkv: Tensor, heads: int) -> Tensor:
+    """Causal multi-head self-attention of ``qkv [..., L, 3w]`` (queries, keys and values side
+    by side, as :class:`CausalSelfAttention`'s ``qkv`` layer writes them) -> ``[..., L, w]``:
+    ``softmax(Q K^T / sqrt(d) + M) V`` per head, ``M[s, t] = -inf`` for ``t > s``. Any
+    leading dimensions (a batch; the simulator's peers, ``sim.gpt_kernel``)."""
+    *batch, length, triple = qkv.shape
+    width = triple // 3
+    head = width // heads
+    q, k, v = (
+        part.reshape(*batch, length, heads, head).transpose(-3, -2)
+        for part in qkv.split(width, dim=-1)
+    )  # [..., heads, L, head]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head))
+    future = torch.ones(length, length, dtype=torch.bool, device=qkv.device).triu(1)
+    weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    return (weights @ v).transpose(-3, -2).reshape(*batch, length, width)
 
 
 class Block(nn.Module):

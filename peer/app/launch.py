@@ -59,6 +59,7 @@ from typing import Any
 
 from peer.app.churn import annotate, check_rejoin, parse_crashes, parse_stragglers, run_crashes
 from peer.app.peer_flags import (
+    PARTITION_HELP,
     add_link_flags,
     add_optimizer_flags,
     add_privacy_flags,
@@ -242,9 +243,7 @@ def _parser(prog: str, demo: bool) -> argparse.ArgumentParser:
     work.add_argument(
         "--partition",
         default="iid",
-        help="how the data is split among the peers: iid, contiguous (runs in the data's "
-        "order: text, each peer its own files), dirichlet:alpha=0.5, shards:... "
-        "(default %(default)s)",
+        help=PARTITION_HELP,
     )
     work.add_argument(
         "--model",

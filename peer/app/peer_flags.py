@@ -33,6 +33,7 @@ from workloads.optimizers import (
     SGD_MOMENTUM,
     LocalOptimizer,
 )
+from workloads.partition import PARTITIONS
 from workloads.privacy import ACCOUNTANTS, DEFAULT_DELTA, PRIVACY_FIELDS, SAMPLINGS, PrivacyConfig
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_DATASET",
     "NETWORK_FIELDS",
     "OPTIMIZER_FLAGS",
+    "PARTITION_HELP",
     "PRIVACY_FLAGS",
     "USER_CODE",
     "add_link_flags",
@@ -52,6 +54,15 @@ __all__ = [
 
 DEFAULT_DATASET = "synthetic:num_samples=2000,seed=0"
 USER_CODE = "or your own MODULE:FACTORY (mymodel.py:MyNet, mypkg.models:make_net)"
+
+PARTITION_HELP = (
+    "how the data is split among the peers: "
+    + ", ".join(PARTITIONS)
+    + ", with their parameters (dirichlet:alpha=0.5, shards:shards_per_peer=2; contiguous: "
+    "runs in the data's order, on text each peer its own files; `gossipnet workloads list`) "
+    "(default iid)"
+)
+"""``--partition``'s help, for ``gossipnet peer`` and ``launch``: the registry's names."""
 
 
 OPTIMIZER_FLAGS = tuple("optimizer" if key == "name" else key for key in OPTIMIZER_KEYS)
@@ -497,8 +508,7 @@ def peer_parser(prog: str, raise_errors: bool = False) -> OneLineParser:
     work.add_argument(
         "--partition",
         default="iid",
-        help="how the data is split among --peers: iid, contiguous (runs in the data's order: "
-        "text, each peer its own files), dirichlet:alpha=0.5, shards:... (default iid)",
+        help=PARTITION_HELP,
     )
     work.add_argument(
         "--peers",
