@@ -75,6 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     runs = read_records(args.records)
+    wanted = [f"{outer}, H={h}" for h in H_VALUES for outer in ("Nesterov", "averaging")]
+    missing = [label for label in wanted if label not in runs]
+    if missing:
+        parser.error(
+            f"{args.records}: no records of the runs {', '.join(missing)}; allowed: the "
+            "records of lm-outer-momentum-long.toml or -drift.toml (sim compare --jsonl)"
+        )
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     colours = {10: "tab:blue", 50: "tab:green", 200: "tab:purple"}
     lowest, highest = float("inf"), 0.0

@@ -59,3 +59,15 @@ def test_draws_from_compare_jsonl_and_run_csv(figure: ModuleType, tmp_path: Path
     out = tmp_path / "figure.png"
     assert figure.main([str(records), "--data-parallel", str(dp), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_records_without_the_runs_are_one_line_and_exit_2(
+    figure: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = tmp_path / "other.jsonl"
+    records.write_text(json.dumps(_record("data parallel", 0, 8.0)) + "\n")
+    with pytest.raises(SystemExit) as exited:
+        figure.main([str(records), "--out", str(tmp_path / "f.png")])
+    assert exited.value.code == 2
+    assert "no records of the runs Nesterov, H=10, averaging, H=10" in capsys.readouterr().err
+    assert not (tmp_path / "f.png").exists()
